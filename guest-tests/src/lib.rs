@@ -1,1 +1,14 @@
-//! placeholder
+//! The p2plab VM harness: builds what is missing, starts the device servers
+//! and QEMU, runs commands in the guest, and cleans up. Shared by the
+//! `p2plab-vm` CLI (behind `scripts/run-vm`), the end-to-end tests and the
+//! benchmarks.
+
+pub mod console;
+pub mod lab;
+pub mod paths;
+pub mod process;
+pub mod setup;
+pub mod topology;
+
+pub use lab::{Lab, LabOptions, Mode, Outcome};
+pub use paths::LabPaths;
