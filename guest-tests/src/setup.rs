@@ -12,7 +12,12 @@ use anyhow::{bail, Context, Result};
 use crate::paths::LabPaths;
 
 /// Runs a setup script with its progress lines on our stderr.
-fn run_setup_script(paths: &LabPaths, script: &str, what: &str) -> Result<()> {
+fn run_setup_script(
+    paths: &LabPaths,
+    script: &str,
+    what: &str,
+    extra: &[&std::ffi::OsStr],
+) -> Result<()> {
     let path = paths.repo.join("scripts").join(script);
     if !path.is_file() {
         bail!("{} is missing from the checkout", path.display());
@@ -21,6 +26,7 @@ fn run_setup_script(paths: &LabPaths, script: &str, what: &str) -> Result<()> {
         .arg(&path)
         .arg("--cache")
         .arg(paths.guest_env())
+        .args(extra)
         .current_dir(&paths.repo)
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
@@ -38,7 +44,12 @@ fn run_setup_script(paths: &LabPaths, script: &str, what: &str) -> Result<()> {
 
 /// Makes sure the guest environment exists and is current.
 pub fn ensure_guest_env(paths: &LabPaths) -> Result<()> {
-    run_setup_script(paths, "setup-guest-env", "building the guest environment")?;
+    run_setup_script(
+        paths,
+        "setup-guest-env",
+        "building the guest environment",
+        &[],
+    )?;
     for needed in [paths.qemu(), paths.kernel(), paths.base_initramfs()] {
         if !needed.exists() {
             bail!("the guest environment has no {}", needed.display());
@@ -51,7 +62,12 @@ pub fn ensure_guest_env(paths: &LabPaths) -> Result<()> {
 /// project has a script for it.
 pub fn ensure_overlay(paths: &LabPaths) -> Result<()> {
     if paths.repo.join("scripts/build-guest-overlay").is_file() {
-        run_setup_script(paths, "build-guest-overlay", "building the guest overlay")?;
+        run_setup_script(
+            paths,
+            "build-guest-overlay",
+            "building the guest overlay",
+            &["--bin-dir".as_ref(), paths.bin_dir.as_os_str()],
+        )?;
     }
     Ok(())
 }
