@@ -1,0 +1,119 @@
+//! Shared pieces of the end-to-end suites: boot a lab, run a guest script,
+//! and read what it reported.
+//!
+//! Guest scripts report facts as `KEY=VALUE` lines on their output; the host
+//! side asserts on them, so a failure names the fact and shows the value.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use p2plab_harness::{Lab, LabOptions, Mode, Outcome};
+
+/// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
+/// the suites check outcomes, never speed.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A finished guest run and its reported facts.
+pub struct GuestRun {
+    pub outcome: Outcome,
+    pub facts: BTreeMap<String, String>,
+}
+
+impl GuestRun {
+    pub fn run_dir(&self) -> &Path {
+        &self.outcome.run_dir
+    }
+
+    pub fn output(&self) -> &str {
+        &self.outcome.output
+    }
+
+    /// A reported fact; panics with the guest output when it is missing.
+    pub fn fact(&self, key: &str) -> &str {
+        match self.facts.get(key) {
+            Some(v) => v,
+            None => panic!(
+                "the guest did not report {key}; its output was:\n{}\n(run folder {})",
+                self.outcome.output,
+                self.run_dir().display()
+            ),
+        }
+    }
+
+    pub fn fact_u64(&self, key: &str) -> u64 {
+        let text = self.fact(key);
+        let parsed = match text.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => text.parse(),
+        };
+        parsed.unwrap_or_else(|_| panic!("{key}={text:?} is not a number"))
+    }
+
+    /// Asserts a fact equals `want`, naming it on failure.
+    pub fn expect(&self, key: &str, want: &str) {
+        let got = self.fact(key);
+        assert_eq!(
+            got,
+            want,
+            "fact {key} (run folder {})",
+            self.run_dir().display()
+        );
+    }
+
+    pub fn file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.run_dir().join(name)).unwrap_or_default()
+    }
+}
+
+/// Extra knobs for one boot.
+#[derive(Default)]
+pub struct Boot {
+    pub server_args: Vec<(String, Vec<String>)>,
+    pub append: Vec<String>,
+    pub share: Option<PathBuf>,
+}
+
+/// Boots `topology`, runs `script` in the guest and collects its facts.
+/// The script's exit status must be 0 unless `allow_failure`.
+pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
+    let mut options = LabOptions::new(topology, Mode::Exec(script.to_owned()));
+    options.timeout = Some(BOOT_TIMEOUT);
+    options.server_args = boot.server_args;
+    options.append = boot.append;
+    options.share = boot.share;
+    options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    options.log_level = Some("debug".to_owned());
+    let outcome = Lab::run(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
+    let facts = parse_facts(&outcome.output);
+    let run = GuestRun { outcome, facts };
+    assert_eq!(
+        run.outcome.status,
+        Some(0),
+        "the guest script failed; output:\n{}\n(run folder {})",
+        run.outcome.output,
+        run.run_dir().display()
+    );
+    run
+}
+
+/// `KEY=VALUE` lines, KEY in upper case with digits and underscores.
+pub fn parse_facts(output: &str) -> BTreeMap<String, String> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once('=')?;
+            let is_key = !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            is_key.then(|| (key.to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// Reads a server's JSON stats file from the run folder.
+pub fn server_stats(run: &GuestRun, id: &str) -> String {
+    run.file(&format!("{id}.stats.json"))
+}
