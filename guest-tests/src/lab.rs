@@ -86,6 +86,9 @@ pub struct Outcome {
     pub status: Option<i32>,
     /// The command's console output, between the markers.
     pub output: String,
+    /// Peak resident memory (VmHWM, bytes) of QEMU and each server, read
+    /// just before they were stopped.
+    pub peak_rss: Vec<(String, u64)>,
 }
 
 /// Set by SIGINT/SIGTERM/SIGHUP; every wait loop checks it.
@@ -249,6 +252,9 @@ impl Lab {
             server.args.extend(extra.iter().cloned());
         }
 
+        for disk in &topology.disks {
+            ensure_disk(&disk.path, disk.size)?;
+        }
         let mut lab = Lab {
             paths,
             run_dir,
@@ -413,6 +419,7 @@ impl Lab {
             run_dir: self.run_dir.clone(),
             status: None,
             output: String::new(),
+            peak_rss: Vec::new(),
         };
         match &options.mode {
             Mode::Interactive => {
@@ -420,6 +427,7 @@ impl Lab {
             }
             Mode::Exec(_) => {
                 self.follow_exec(options, &mut outcome, true)?;
+                outcome.peak_rss = self.peak_rss();
             }
             Mode::Keep(command) => {
                 if command.is_some() {
@@ -568,6 +576,15 @@ impl Lab {
         }
     }
 
+    /// VmHWM of the servers (still running) and of QEMU (if still there).
+    fn peak_rss(&self) -> Vec<(String, u64)> {
+        self.qemu
+            .iter()
+            .chain(self.servers.iter())
+            .filter_map(|p| Some((p.name.clone(), crate::process::peak_rss(p.pid()?)?)))
+            .collect()
+    }
+
     fn stop_servers(&mut self) {
         if let Some(mut qemu) = self.qemu.take() {
             qemu.stop(Duration::from_secs(5));
@@ -637,6 +654,22 @@ pub fn stop_kept(run_dir: &Path) -> Result<()> {
     }
     std::fs::remove_file(&pids_file)?;
     remove_sockets(run_dir);
+    Ok(())
+}
+
+/// Creates a sparse backing file when it is missing; an existing one keeps
+/// its data (boots share state through it).
+fn ensure_disk(path: &Path, size: u64) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    file.set_len(size)
+        .with_context(|| format!("sizing {}", path.display()))?;
     Ok(())
 }
 

@@ -151,3 +151,11 @@ pub fn signal_pid(pid: u32, signal: i32) -> bool {
 pub fn pid_alive(pid: u32) -> bool {
     signal_pid(pid, 0)
 }
+
+/// Peak resident set size (VmHWM) of a live process, in bytes.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -8,6 +8,8 @@
 //! - `#@server ID BINARY ARGS...`: a vfio-user server to start; the lab adds
 //!   `--socket @RUN@/ID.sock --log-file @RUN@/ID.log --stats-file
 //!   @RUN@/ID.stats.json`.
+//! - `#@disk PATH SIZE`: a backing file QEMU opens itself; the lab creates it
+//!   sparse with SIZE (`1G`, `512M`) when it is missing.
 //! - `#` comments and blank lines are ignored.
 //!
 //! Placeholders: `@RUN@` is the run folder, `@STATE@` the folder for state
@@ -27,11 +29,31 @@ pub struct ServerSpec {
     pub args: Vec<String>,
 }
 
+/// A file QEMU needs to exist before it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    pub size: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     pub name: String,
     pub qemu_args: Vec<String>,
     pub servers: Vec<ServerSpec>,
+    pub disks: Vec<DiskSpec>,
+}
+
+/// `1G`, `512M`, `4096K` or plain bytes.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let (digits, shift) = match text.as_bytes().last()? {
+        b'K' | b'k' => (&text[..text.len() - 1], 10),
+        b'M' | b'm' => (&text[..text.len() - 1], 20),
+        b'G' | b'g' => (&text[..text.len() - 1], 30),
+        b'T' | b't' => (&text[..text.len() - 1], 40),
+        _ => (text, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 /// Values for the placeholders.
@@ -62,6 +84,7 @@ impl Topology {
     pub fn parse(name: &str, text: &str, vars: &Placeholders) -> Result<Self> {
         let mut qemu_args = Vec::new();
         let mut servers: Vec<ServerSpec> = Vec::new();
+        let mut disks = Vec::new();
         for (number, raw) in text.lines().enumerate() {
             let line = raw.trim();
             let lineno = number + 1;
@@ -86,6 +109,20 @@ impl Topology {
                 });
                 continue;
             }
+            if let Some(directive) = line.strip_prefix("#@disk") {
+                let words: Vec<&str> = directive.split_whitespace().collect();
+                let [path, size] = words[..] else {
+                    bail!("line {lineno}: `#@disk` needs a path and a size");
+                };
+                let Some(size) = parse_size(size) else {
+                    bail!("line {lineno}: bad disk size {size:?}");
+                };
+                disks.push(DiskSpec {
+                    path: PathBuf::from(vars.expand(path)),
+                    size,
+                });
+                continue;
+            }
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
@@ -104,6 +141,7 @@ impl Topology {
             name: name.to_owned(),
             qemu_args,
             servers,
+            disks,
         };
         topology.check_sockets(vars)?;
         Ok(topology)
@@ -163,6 +201,23 @@ mod tests {
     }
 
     #[test]
+    fn disk_directive_and_sizes() {
+        let t = Topology::parse("a", "#@disk @STATE@/d.img 1G\n-m 1G\n", &vars()).unwrap();
+        assert_eq!(
+            t.disks,
+            [DiskSpec {
+                path: "/s/d.img".into(),
+                size: 1 << 30
+            }]
+        );
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999T"), None);
+        assert!(Topology::parse("a", "#@disk /x\n", &vars()).is_err());
+    }
+
+    #[test]
     fn refuses_server_without_device() {
         let err = Topology::parse("x", "#@server gpu0 p2plab-gpu\n-m 1G\n", &vars()).unwrap_err();
         assert!(format!("{err:#}").contains("gpu0"), "{err:#}");
@@ -184,7 +239,11 @@ mod tests {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "args") {
                 let t = Topology::load(&path, &vars()).unwrap();
-                assert!(!t.servers.is_empty(), "{}", path.display());
+                assert!(
+                    t.qemu_args.contains(&"-machine".to_owned()),
+                    "{}",
+                    path.display()
+                );
                 seen += 1;
             }
         }
