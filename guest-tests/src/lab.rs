@@ -58,6 +58,8 @@ pub struct LabOptions {
     pub verbose: bool,
     /// Echo the exec command's output to our stdout while it runs.
     pub stream_output: bool,
+    /// Folder for state kept across boots (`@STATE@`); default `.cache/state`.
+    pub state: Option<PathBuf>,
 }
 
 impl LabOptions {
@@ -74,6 +76,7 @@ impl LabOptions {
             qemu_args: Vec::new(),
             verbose: false,
             stream_output: true,
+            state: None,
         }
     }
 }
@@ -220,7 +223,10 @@ impl Lab {
     /// `Mode::Keep`, when the guest is up and the command has run).
     pub fn run(options: &LabOptions) -> Result<Outcome> {
         interrupted();
-        let paths = LabPaths::discover()?;
+        let mut paths = LabPaths::discover()?;
+        if let Some(state) = &options.state {
+            paths.state = state.clone();
+        }
         let topology_path = paths.topology(&options.topology)?;
         if let Some(share) = &options.share {
             if !share.is_dir() {

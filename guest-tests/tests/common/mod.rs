@@ -73,6 +73,18 @@ pub struct Boot {
     pub server_args: Vec<(String, Vec<String>)>,
     pub append: Vec<String>,
     pub share: Option<PathBuf>,
+    /// `@STATE@` for this boot; default: a fresh folder per test process.
+    pub state: Option<PathBuf>,
+}
+
+/// A state folder private to this test binary run, under target/.
+pub fn test_state_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/e2e-state")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the test state folder");
+    dir
 }
 
 /// Boots `topology`, runs `script` in the guest and collects its facts.
@@ -83,6 +95,7 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
     options.server_args = boot.server_args;
     options.append = boot.append;
     options.share = boot.share;
+    options.state = Some(boot.state.unwrap_or_else(|| test_state_dir(topology)));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     options.log_level = Some("debug".to_owned());
     let outcome = Lab::run(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
