@@ -13,6 +13,7 @@
 pub mod command;
 pub mod crc32c;
 pub mod model;
+pub mod pci;
 pub mod regs;
 pub mod stats;
 pub mod vram;
