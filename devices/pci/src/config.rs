@@ -225,6 +225,19 @@ impl ConfigSpace {
         Ok(changes)
     }
 
+    /// The device reports an error condition in STATUS (e.g.
+    /// [`status::RECEIVED_MASTER_ABORT`] after a failed DMA). Only the
+    /// write-1-to-clear error bits can be raised; the guest clears them.
+    pub fn raise_status(&mut self, bits: u16) {
+        let bits = bits & status::W1C;
+        let value = get16(&self.bytes, regs::STATUS) | bits;
+        put16(&mut self.bytes, regs::STATUS, value);
+    }
+
+    pub fn status(&self) -> u16 {
+        get16(&self.bytes, regs::STATUS)
+    }
+
     /// Back to the state the builder produced (a function-level reset).
     pub fn reset(&mut self) {
         self.bytes.copy_from_slice(&self.pristine.bytes[..]);

@@ -30,3 +30,6 @@ pub use config::{
 pub use function::{BarBacking, PciFunction, PciModel};
 pub use interrupt::{Delivery, InterruptController};
 pub use msix::{FireOutcome, MsixAccessError, MsixEntry, MsixState};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,4 @@
+mod config;
+mod function;
+mod interrupt;
+mod msix;
