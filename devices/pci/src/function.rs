@@ -44,7 +44,11 @@ pub trait PciModel: Send {
     fn bar_read(&mut self, bar: u8, offset: u64, data: &mut [u8]) -> Result<(), DeviceError>;
     /// A trapped write.
     fn bar_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
-    /// Device reset; config space and interrupts are already reset.
+    /// Device reset (DEVICE_RESET, or the client went away). Config space
+    /// and interrupts are already back to power-on state when this runs:
+    /// COMMAND is 0 (no decode, no bus mastering), BARs are unprogrammed,
+    /// MSI-X is off and every eventfd is dropped. No `ConfigChange` is sent
+    /// for that; the model drops whatever it derived from them.
     fn reset(&mut self);
     /// The guest changed something in config space.
     fn config_changed(&mut self, _change: &ConfigChange) {}

@@ -12,6 +12,23 @@
 //!   implementing [`p2plab_vfio_user::Device`].
 //!
 //! Everything here is a plain state machine: no sockets, no threads.
+//!
+//! How QEMU's `vfio-user-pci` client (hw/vfio/pci.c, hw/vfio-user/pci.c)
+//! uses this, which shapes the design:
+//! - Every config write is forwarded to the server; config reads of the
+//!   MSI-X capability and a few other bits are answered by QEMU itself.
+//! - QEMU emulates the MSI-X table (it reads the table location from our
+//!   capability and overlays it in the BAR), so the guest's table writes
+//!   never reach us. It binds one eventfd per live vector with SET_IRQS
+//!   (MSIX, TRIGGER, DATA_EVENTFD), binds vector 0 to fd -1 to mean
+//!   "MSI-X on, no vectors", and tears everything down with count 0.
+//!   It forwards PBA reads to the server. So delivery = MSI-X enabled and
+//!   not function-masked in our config space, eventfd bound, not masked by
+//!   SET_IRQS; our table copy is kept for completeness.
+//! - QEMU re-exposes a Resizable BAR capability read-only, with only the
+//!   current size, and emulates its control register: under QEMU the guest
+//!   cannot resize a BAR, so [`ConfigChange::BarResized`] only comes from
+//!   other clients. Pick the BAR size when the server starts.
 
 pub mod bar;
 pub mod caps;

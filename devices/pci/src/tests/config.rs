@@ -775,3 +775,20 @@ fn builder_rejects_invalid_descriptions() {
         assert!(builder.build().is_err(), "{what} should be rejected");
     }
 }
+
+#[test]
+fn register_names_decode_header_and_capabilities() {
+    let cs = nvme_like();
+    assert_eq!(cs.register_name(0x04), "COMMAND");
+    assert_eq!(cs.register_name(0x19), "BAR2");
+    let pm = cs.capability_offset(cap_id::POWER_MANAGEMENT).expect("pm");
+    assert_eq!(cs.register_name(pm + 4), "PM.PMCSR");
+    let msix = cs.capability_offset(cap_id::MSIX).expect("msix");
+    assert_eq!(cs.register_name(msix + 2), "MSIX.CONTROL");
+    let pcie = cs.capability_offset(cap_id::PCI_EXPRESS).expect("pcie");
+    assert_eq!(cs.register_name(pcie + regs::pcie::DEVCTL), "PCIE.DEVCTL");
+    assert_eq!(cs.register_name(0x104), "EXT.DEVICE_SERIAL_NUMBER");
+    assert_eq!(cs.register_name(0x200), "EXT.UNUSED");
+    assert_eq!(cs.register_name(0xfc), "UNUSED");
+    assert_eq!(cs.register_name(usize::MAX), "EXT.UNUSED");
+}
