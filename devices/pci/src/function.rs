@@ -16,7 +16,7 @@ use vfio_bindings::bindings::vfio::{
     VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 
-use crate::config::{ConfigChange, ConfigSpace};
+use crate::config::{BuildError, ConfigChange, ConfigSpace};
 use crate::interrupt::InterruptController;
 use crate::msix::MsixAccessError;
 use crate::regs;
@@ -91,10 +91,25 @@ impl<M: PciModel> PciFunction<M> {
         config: ConfigSpace,
         make_model: impl FnOnce(Arc<InterruptController>) -> M,
     ) -> Self {
-        let vectors = config.msix().map_or(0, |m| m.vectors);
-        let irq = InterruptController::new(vectors, config.interrupt_pin());
+        let irq = InterruptController::for_config(&config);
         let model = make_model(Arc::clone(&irq));
         Self { config, irq, model }
+    }
+
+    /// For a model built before the function: `irq` must come from
+    /// [`InterruptController::for_config`] on the same `config`.
+    pub fn from_parts(
+        config: ConfigSpace,
+        irq: Arc<InterruptController>,
+        model: M,
+    ) -> Result<Self, BuildError> {
+        let vectors = config.msix().map_or(0, |m| m.vectors);
+        if irq.msix_vectors() != vectors || irq.intx_pin() != config.interrupt_pin() {
+            return Err(BuildError(
+                "interrupt controller does not match the config space".into(),
+            ));
+        }
+        Ok(Self { config, irq, model })
     }
 
     pub fn config(&self) -> &ConfigSpace {

@@ -89,6 +89,19 @@ impl InterruptController {
         })
     }
 
+    /// The controller matching a config space's MSI-X capability and pin.
+    pub fn for_config(config: &crate::ConfigSpace) -> Arc<Self> {
+        Self::new(
+            config.msix().map_or(0, |m| m.vectors),
+            config.interrupt_pin(),
+        )
+    }
+
+    /// INTx pin (0 = none).
+    pub fn intx_pin(&self) -> u8 {
+        self.intx_pin
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A worker that panicked while holding the lock leaves consistent
         // plain data behind; keep delivering interrupts.

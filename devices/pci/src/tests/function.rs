@@ -374,3 +374,23 @@ fn reset_restores_config_interrupts_and_model() {
     assert_eq!(f.model().resets, 1);
     assert_eq!(&f.model().regs[0x14..0x18], &[0, 0, 0, 0]);
 }
+
+#[test]
+fn from_parts_checks_the_controller_matches() {
+    let fx = fixture();
+    let config = fx.function.config().clone();
+    let model = |irq: Arc<InterruptController>| TestModel {
+        regs: vec![0; 16 * 1024],
+        irq,
+        changes: Arc::new(Mutex::new(Vec::new())),
+        resets: 0,
+        backing: -1,
+        areas: Vec::new(),
+        bar2_mmapped: false,
+    };
+    let irq = InterruptController::for_config(&config);
+    assert_eq!(irq.msix_vectors(), 4);
+    assert!(PciFunction::from_parts(config.clone(), Arc::clone(&irq), model(irq)).is_ok());
+    let wrong = InterruptController::new(8, 1);
+    assert!(PciFunction::from_parts(config, Arc::clone(&wrong), model(wrong)).is_err());
+}
