@@ -997,3 +997,7 @@ impl DmaSpace {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "dma_tests.rs"]
+mod tests;
