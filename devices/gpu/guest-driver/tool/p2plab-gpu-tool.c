@@ -1,0 +1,517 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * p2plab-gpu-tool: command-line access to /dev/p2plab-gpuN.
+ *
+ * Exit codes: 0 success; 1 the device reported an error status; 2 usage;
+ * 3 system error (open, ioctl, file I/O); 4 the job timed out.
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../p2plab_gpu_uapi.h"
+
+#define EXIT_DEVICE	1
+#define EXIT_USAGE	2
+#define EXIT_SYSTEM	3
+#define EXIT_TIMEOUT	4
+
+/* Bytes per ioctl for file copies; the driver splits further. */
+#define FILE_CHUNK	(16u << 20)
+
+static const char *dev_path = "/dev/p2plab-gpu0";
+static uint32_t timeout_ms;
+static uint32_t job_flags;
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: p2plab-gpu-tool [-d DEVICE] [-t TIMEOUT_MS] [-U] COMMAND [ARGS]\n"
+		"\n"
+		"  info                          device information\n"
+		"  fill OFF LEN BYTE             fill VRAM with a byte (engine)\n"
+		"  fill32 OFF LEN PATTERN        fill VRAM with a 32-bit LE pattern (engine)\n"
+		"  checksum OFF LEN              CRC32C of VRAM (engine), printed as 8 hex digits\n"
+		"  copy-to-vram FILE OFF         copy a file into VRAM (engine)\n"
+		"  copy-from-vram OFF LEN FILE   copy VRAM into a file (engine)\n"
+		"  copy-vram SRC DST LEN         copy inside VRAM (engine, memmove)\n"
+		"  nop                           an empty job (fence round trip)\n"
+		"  raw OP SRC DST LEN [PATTERN]  send an unchecked job (needs -U and root)\n"
+		"  mmap-fill OFF LEN BYTE        fill VRAM with the CPU through mmap\n"
+		"  mmap-checksum OFF LEN         CRC32C of VRAM read by the CPU through mmap\n"
+		"  crc32c FILE [OFF [LEN]]       CRC32C of a file (no device)\n"
+		"\n"
+		"Numbers: decimal or 0x hex, with an optional K, M, G or T suffix (binary).\n"
+		"-U sets P2PLAB_GPU_JOB_UNCHECKED. Default device: /dev/p2plab-gpu0.\n"
+		"Exit: 0 ok, 1 device error status, 2 usage, 3 system error, 4 timeout.\n");
+}
+
+__attribute__((noreturn, format(printf, 2, 3)))
+static void die(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("p2plab-gpu-tool: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(code);
+}
+
+static uint64_t parse_num(const char *what, const char *s)
+{
+	char *end;
+	uint64_t v, mult = 1;
+
+	errno = 0;
+	if (!*s || *s == '-')
+		die(EXIT_USAGE, "%s: not a number: '%s'", what, s);
+	v = strtoull(s, &end, 0);
+	if (errno)
+		die(EXIT_USAGE, "%s: out of range: '%s'", what, s);
+	switch (*end) {
+	case 'k': case 'K': mult = 1ull << 10; end++; break;
+	case 'm': case 'M': mult = 1ull << 20; end++; break;
+	case 'g': case 'G': mult = 1ull << 30; end++; break;
+	case 't': case 'T': mult = 1ull << 40; end++; break;
+	}
+	if (*end)
+		die(EXIT_USAGE, "%s: not a number: '%s'", what, s);
+	if (v > UINT64_MAX / mult)
+		die(EXIT_USAGE, "%s: out of range: '%s'", what, s);
+	return v * mult;
+}
+
+/* ---- CRC32C (Castagnoli, reflected), same as the device ---- */
+
+static uint32_t crc_table[256];
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int b = 0; b < 8; b++)
+			c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+		crc_table[i] = c;
+	}
+}
+
+/* Running state: start with ~0, finish with ~state. */
+static uint32_t crc_update(uint32_t state, const volatile uint8_t *p, size_t n)
+{
+	while (n--)
+		state = (state >> 8) ^ crc_table[(state ^ *p++) & 0xff];
+	return state;
+}
+
+/* ---- device ---- */
+
+static int open_dev(void)
+{
+	int fd = open(dev_path, O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		die(EXIT_SYSTEM, "%s: %s", dev_path, strerror(errno));
+	return fd;
+}
+
+static const char *status_name(uint32_t status)
+{
+	switch (status) {
+	case 0x00: return "ok";
+	case 0x01: return "bad opcode";
+	case 0x02: return "bad command";
+	case 0x03: return "VRAM range out of bounds";
+	case 0x04: return "guest memory access failed";
+	case 0x05: return "bus mastering disabled";
+	case 0x06: return "VRAM backing I/O failed";
+	case 0x07: return "completion record write failed";
+	case 0x10: return "ring base misaligned";
+	case 0x11: return "bad ring size";
+	case 0x12: return "ring out of range";
+	case 0x13: return "ring fetch failed";
+	case 0x14: return "bad tail";
+	default: return "unknown";
+	}
+}
+
+/* Runs one job; on failure prints why and exits with the matching code. */
+static void run_job(int fd, struct p2plab_gpu_job *job)
+{
+	job->timeout_ms = timeout_ms;
+	job->flags |= job_flags;
+	if (ioctl(fd, P2PLAB_GPU_IOC_SUBMIT, job) == 0)
+		return;
+	switch (errno) {
+	case EIO:
+		die(EXIT_DEVICE, "device error status %#x (%s), fence %" PRIu64, job->status,
+		    status_name(job->status), (uint64_t)job->fence);
+	case ETIMEDOUT:
+		die(EXIT_TIMEOUT, "job timed out (fence %" PRIu64 ")", (uint64_t)job->fence);
+	default:
+		die(EXIT_SYSTEM, "submit: %s", strerror(errno));
+	}
+}
+
+static int cmd_info(int fd)
+{
+	struct p2plab_gpu_info info;
+
+	if (ioctl(fd, P2PLAB_GPU_IOC_INFO, &info))
+		die(EXIT_SYSTEM, "info: %s", strerror(errno));
+	info.pci_name[sizeof(info.pci_name) - 1] = 0;
+	printf("pci: %s\n", info.pci_name);
+	printf("ids: %04x:%04x\n", info.vendor_id, info.device_id);
+	printf("version: %u.%u\n", info.version >> 16, info.version & 0xffff);
+	printf("vram_size: %" PRIu64 "\n", (uint64_t)info.vram_size);
+	printf("vram_bus_addr: 0x%" PRIx64 "\n", (uint64_t)info.vram_bus_addr);
+	printf("ring_entries: %u\n", info.ring_entries);
+	printf("status: 0x%x\n", info.status);
+	printf("completed_fence: %" PRIu64 "\n", (uint64_t)info.completed_fence);
+	printf("submitted_fence: %" PRIu64 "\n", (uint64_t)info.submitted_fence);
+	printf("jobs_completed: %u\n", info.jobs_completed);
+	printf("jobs_failed: %u\n", info.jobs_failed);
+	printf("engine_error: 0x%x\n", info.engine_error);
+	printf("p2pmem: %s\n", info.flags & P2PLAB_GPU_INFO_P2PMEM ? "yes" : "no");
+	printf("interrupts: %s\n", info.flags & P2PLAB_GPU_INFO_MSIX ? "msix" : "intx");
+	printf("broken: %s\n", info.flags & P2PLAB_GPU_INFO_BROKEN ? "yes" : "no");
+	return 0;
+}
+
+static int cmd_fill(int fd, uint64_t off, uint64_t len, uint32_t pattern)
+{
+	struct p2plab_gpu_job job = {
+		.op = P2PLAB_GPU_OP_FILL, .dst = off, .len = len, .pattern = pattern,
+	};
+
+	run_job(fd, &job);
+	return 0;
+}
+
+static int cmd_checksum(int fd, uint64_t off, uint64_t len)
+{
+	struct p2plab_gpu_job job = { .op = P2PLAB_GPU_OP_CHECKSUM, .src = off, .len = len };
+
+	run_job(fd, &job);
+	printf("%08x\n", job.result);
+	return 0;
+}
+
+static int cmd_copy_vram(int fd, uint64_t src, uint64_t dst, uint64_t len)
+{
+	struct p2plab_gpu_job job = {
+		.op = P2PLAB_GPU_OP_COPY_VRAM, .src = src, .dst = dst, .len = len,
+	};
+
+	run_job(fd, &job);
+	return 0;
+}
+
+static int cmd_copy_to_vram(int fd, const char *path, uint64_t off)
+{
+	int in = open(path, O_RDONLY | O_CLOEXEC);
+	uint8_t *buf = malloc(FILE_CHUNK);
+	uint64_t done = 0;
+
+	if (in < 0)
+		die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+	if (!buf)
+		die(EXIT_SYSTEM, "out of memory");
+	for (;;) {
+		size_t have = 0;
+		ssize_t n;
+
+		/* Fill the chunk completely unless the file ends. */
+		while (have < FILE_CHUNK) {
+			n = read(in, buf + have, FILE_CHUNK - have);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+				die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+			if (n == 0)
+				break;
+			have += (size_t)n;
+		}
+		if (!have)
+			break;
+		struct p2plab_gpu_job job = {
+			.op = P2PLAB_GPU_OP_COPY_TO_VRAM,
+			.src = (uintptr_t)buf, .dst = off + done, .len = have,
+		};
+		run_job(fd, &job);
+		done += have;
+		if (have < FILE_CHUNK)
+			break;
+	}
+	free(buf);
+	close(in);
+	fprintf(stderr, "copied %" PRIu64 " bytes to VRAM at 0x%" PRIx64 "\n", done, off);
+	return 0;
+}
+
+static int cmd_copy_from_vram(int fd, uint64_t off, uint64_t len, const char *path)
+{
+	int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	uint8_t *buf = malloc(FILE_CHUNK);
+	uint64_t done = 0;
+
+	if (out < 0)
+		die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+	if (!buf)
+		die(EXIT_SYSTEM, "out of memory");
+	while (done < len) {
+		size_t n = len - done < FILE_CHUNK ? (size_t)(len - done) : FILE_CHUNK;
+		struct p2plab_gpu_job job = {
+			.op = P2PLAB_GPU_OP_COPY_FROM_VRAM,
+			.src = off + done, .dst = (uintptr_t)buf, .len = n,
+		};
+		size_t put = 0;
+
+		run_job(fd, &job);
+		while (put < n) {
+			ssize_t w = write(out, buf + put, n - put);
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0)
+				die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+			put += (size_t)w;
+		}
+		done += n;
+	}
+	if (close(out))
+		die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+	free(buf);
+	return 0;
+}
+
+static int cmd_raw(int fd, int argc, char **argv)
+{
+	struct p2plab_gpu_job job = {
+		.op = (uint32_t)parse_num("OP", argv[0]),
+		.src = parse_num("SRC", argv[1]),
+		.dst = parse_num("DST", argv[2]),
+		.len = parse_num("LEN", argv[3]),
+		.pattern = argc > 4 ? (uint32_t)parse_num("PATTERN", argv[4]) : 0,
+	};
+
+	run_job(fd, &job);
+	printf("status %#x result %08x fence %" PRIu64 "\n", job.status, job.result,
+	       (uint64_t)job.fence);
+	return 0;
+}
+
+/* Maps [off, off+len) of VRAM; returns the pointer to off. */
+static volatile uint8_t *map_vram(int fd, uint64_t off, uint64_t len, void **base,
+				  size_t *maplen)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t start = off & ~(uint64_t)(page - 1);
+	void *p;
+
+	if (len == 0)
+		die(EXIT_USAGE, "LEN must not be 0");
+	*maplen = (size_t)(off - start + len);
+	p = mmap(NULL, *maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+	if (p == MAP_FAILED)
+		die(EXIT_SYSTEM, "mmap VRAM: %s", strerror(errno));
+	*base = p;
+	return (volatile uint8_t *)p + (off - start);
+}
+
+static int cmd_mmap_fill(int fd, uint64_t off, uint64_t len, uint8_t byte)
+{
+	size_t maplen;
+	void *base;
+	volatile uint8_t *p = map_vram(fd, off, len, &base, &maplen);
+
+	for (uint64_t i = 0; i < len; i++)
+		p[i] = byte;
+	munmap(base, maplen);
+	return 0;
+}
+
+static int cmd_mmap_checksum(int fd, uint64_t off, uint64_t len)
+{
+	size_t maplen;
+	void *base;
+	volatile uint8_t *p = map_vram(fd, off, len, &base, &maplen);
+
+	printf("%08x\n", ~crc_update(~0u, p, len));
+	munmap(base, maplen);
+	return 0;
+}
+
+static int cmd_crc32c(int argc, char **argv)
+{
+	int in = open(argv[0], O_RDONLY | O_CLOEXEC);
+	uint64_t off = argc > 1 ? parse_num("OFF", argv[1]) : 0;
+	uint64_t left = argc > 2 ? parse_num("LEN", argv[2]) : UINT64_MAX;
+	uint8_t *buf = malloc(FILE_CHUNK);
+	uint32_t state = ~0u;
+
+	if (in < 0)
+		die(EXIT_SYSTEM, "%s: %s", argv[0], strerror(errno));
+	if (!buf)
+		die(EXIT_SYSTEM, "out of memory");
+	/* Plain reads after one seek, so pipes work when OFF is 0. */
+	if (off && lseek(in, (off_t)off, SEEK_SET) < 0)
+		die(EXIT_SYSTEM, "%s: %s", argv[0], strerror(errno));
+	while (left) {
+		size_t want = left < FILE_CHUNK ? (size_t)left : FILE_CHUNK;
+		ssize_t n = read(in, buf, want);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			die(EXIT_SYSTEM, "%s: %s", argv[0], strerror(errno));
+		if (n == 0) {
+			if (left != UINT64_MAX)
+				die(EXIT_SYSTEM, "%s: ends before the requested range", argv[0]);
+			break;
+		}
+		state = crc_update(state, buf, (size_t)n);
+		if (left != UINT64_MAX)
+			left -= (uint64_t)n;
+	}
+	printf("%08x\n", ~state);
+	free(buf);
+	close(in);
+	return 0;
+}
+
+static void need(int argc, int min, int max)
+{
+	if (argc < min || argc > max) {
+		usage(stderr);
+		exit(EXIT_USAGE);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd;
+	int opt;
+
+	while ((opt = getopt(argc, argv, "d:t:Uh")) != -1) {
+		switch (opt) {
+		case 'd':
+			dev_path = optarg;
+			break;
+		case 't':
+			timeout_ms = (uint32_t)parse_num("-t", optarg);
+			break;
+		case 'U':
+			job_flags |= P2PLAB_GPU_JOB_UNCHECKED;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	argc -= optind;
+	argv += optind;
+	if (argc < 1) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	cmd = argv[0];
+	argc--;
+	argv++;
+	crc_init();
+
+	if (!strcmp(cmd, "crc32c")) {
+		need(argc, 1, 3);
+		return cmd_crc32c(argc, argv);
+	}
+	if (!strcmp(cmd, "info")) {
+		need(argc, 0, 0);
+		return cmd_info(open_dev());
+	}
+	if (!strcmp(cmd, "nop")) {
+		struct p2plab_gpu_job job = { .op = P2PLAB_GPU_OP_NOP };
+
+		need(argc, 0, 0);
+		run_job(open_dev(), &job);
+		printf("fence %" PRIu64 "\n", (uint64_t)job.fence);
+		return 0;
+	}
+	if (!strcmp(cmd, "fill")) {
+		uint64_t byte;
+
+		need(argc, 3, 3);
+		byte = parse_num("BYTE", argv[2]);
+		if (byte > 0xff)
+			die(EXIT_USAGE, "BYTE must be 0..255");
+		return cmd_fill(open_dev(), parse_num("OFF", argv[0]), parse_num("LEN", argv[1]),
+				(uint32_t)byte * 0x01010101u);
+	}
+	if (!strcmp(cmd, "fill32")) {
+		uint64_t pattern;
+
+		need(argc, 3, 3);
+		pattern = parse_num("PATTERN", argv[2]);
+		if (pattern > 0xffffffffu)
+			die(EXIT_USAGE, "PATTERN must fit in 32 bits");
+		return cmd_fill(open_dev(), parse_num("OFF", argv[0]), parse_num("LEN", argv[1]),
+				(uint32_t)pattern);
+	}
+	if (!strcmp(cmd, "checksum")) {
+		need(argc, 2, 2);
+		return cmd_checksum(open_dev(), parse_num("OFF", argv[0]), parse_num("LEN", argv[1]));
+	}
+	if (!strcmp(cmd, "copy-to-vram")) {
+		need(argc, 2, 2);
+		return cmd_copy_to_vram(open_dev(), argv[0], parse_num("OFF", argv[1]));
+	}
+	if (!strcmp(cmd, "copy-from-vram")) {
+		need(argc, 3, 3);
+		return cmd_copy_from_vram(open_dev(), parse_num("OFF", argv[0]),
+					  parse_num("LEN", argv[1]), argv[2]);
+	}
+	if (!strcmp(cmd, "copy-vram")) {
+		need(argc, 3, 3);
+		return cmd_copy_vram(open_dev(), parse_num("SRC", argv[0]), parse_num("DST", argv[1]),
+				     parse_num("LEN", argv[2]));
+	}
+	if (!strcmp(cmd, "raw")) {
+		need(argc, 4, 5);
+		if (!(job_flags & P2PLAB_GPU_JOB_UNCHECKED))
+			die(EXIT_USAGE, "raw needs -U");
+		return cmd_raw(open_dev(), argc, argv);
+	}
+	if (!strcmp(cmd, "mmap-fill")) {
+		uint64_t byte;
+
+		need(argc, 3, 3);
+		byte = parse_num("BYTE", argv[2]);
+		if (byte > 0xff)
+			die(EXIT_USAGE, "BYTE must be 0..255");
+		return cmd_mmap_fill(open_dev(), parse_num("OFF", argv[0]),
+				     parse_num("LEN", argv[1]), (uint8_t)byte);
+	}
+	if (!strcmp(cmd, "mmap-checksum")) {
+		need(argc, 2, 2);
+		return cmd_mmap_checksum(open_dev(), parse_num("OFF", argv[0]),
+					 parse_num("LEN", argv[1]));
+	}
+	fprintf(stderr, "p2plab-gpu-tool: unknown command '%s'\n", cmd);
+	usage(stderr);
+	return EXIT_USAGE;
+}
