@@ -31,7 +31,7 @@ pub struct ServerConfig {
     pub max_data_xfer_size: u32,
     /// Page sizes supported for DMA_MAP; 4096 at least.
     pub pgsizes: u64,
-    /// Most DMA ranges mapped at once; more get ENOSPC.
+    /// Most DMA ranges mapped at once (1..=65535); more get ENOSPC.
     pub max_dma_maps: u32,
     /// Offer REGION_WRITE_MULTI (handled either way).
     pub write_multiple: bool,
@@ -70,8 +70,12 @@ impl ServerConfig {
         if self.pgsizes & 4096 == 0 {
             return bad(format!("pgsizes {:#x} lacks 4 KiB", self.pgsizes));
         }
-        if self.max_dma_maps == 0 {
-            return bad("max_dma_maps is 0".into());
+        // QEMU only accepts a server lowering its default of 65535.
+        if !(1..=65535).contains(&self.max_dma_maps) {
+            return bad(format!(
+                "max_dma_maps {} not in 1..=65535",
+                self.max_dma_maps
+            ));
         }
         Ok(())
     }

@@ -720,6 +720,14 @@ impl<'a> Session<'a> {
             return Ok(Reply::empty());
         }
 
+        if count == 0 {
+            // Nothing to act on. QEMU never sends this; refuse the data
+            // kinds where it would be ambiguous with "disable all".
+            if data_kind == VFIO_IRQ_SET_DATA_NONE && fds.is_empty() {
+                return Ok(Reply::empty());
+            }
+            return Err(Refusal::inval("SET_IRQS with count 0"));
+        }
         let vectors = self.device.irq_info(index)?.count;
         match start.checked_add(count) {
             Some(end) if end <= vectors => {}

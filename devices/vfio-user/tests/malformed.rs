@@ -411,6 +411,11 @@ fn set_irqs_decodes_every_data_kind() {
     // Count and fds disagree.
     let m = c.call_fds(cmd::DEVICE_SET_IRQS, &set(eventfd_trigger, 0, 3), &raw);
     assert_eq!(m.hdr.error, libc::EINVAL as u32);
+    // count 0 only means something with DATA_NONE.
+    assert_eq!(
+        c.call_err(cmd::DEVICE_SET_IRQS, &set(eventfd_trigger, 0, 0)),
+        libc::EINVAL as u32
+    );
     // Bind vectors 1 and 2.
     let m = c.call_fds(cmd::DEVICE_SET_IRQS, &set(eventfd_trigger, 1, 2), &raw);
     assert!(!m.hdr.is_error());

@@ -211,4 +211,7 @@ fn shutdown_while_idle_and_refusing_a_non_socket_path() {
     let mut bad = ServerConfig::new(&path);
     bad.max_data_xfer_size = (64 << 20) + 1;
     assert!(Server::new(bad, DmaSpace::new()).is_err());
+    let mut bad = ServerConfig::new(&path);
+    bad.max_dma_maps = 65536;
+    assert!(Server::new(bad, DmaSpace::new()).is_err());
 }
