@@ -5,6 +5,23 @@
 //! creates a [`DmaSpace`] (shared with the model) and a [`Server`], and
 //! calls [`Server::run`]. The server's reader thread calls the device for
 //! every client request; device threads use the [`DmaSpace`] freely.
+//!
+//! ```no_run
+//! use p2plab_vfio_user::{Device, DmaSpace, Server, ServerConfig};
+//! # fn build_model(_dma: DmaSpace) -> Box<dyn Device> { unimplemented!() }
+//! let dma = DmaSpace::new();
+//! // The model keeps a clone for its own threads (command processing).
+//! let mut device = build_model(dma.clone());
+//! let server = Server::new(ServerConfig::new("/run/lab/nvme0.sock"), dma)?;
+//! let stop = server.shutdown_handle(); // e.g. for a SIGTERM handler
+//! server.run(&mut *device)?; // returns after `stop.shutdown()`
+//! # Ok::<(), p2plab_vfio_user::ServerError>(())
+//! ```
+//!
+//! Threading rules: device callbacks run on the connection's reader thread
+//! and must not wait on message-based DMA (the [`DmaSpace`] refuses with
+//! [`DmaError::WouldDeadlock`]); fd-backed memory and local windows are fine
+//! from any thread.
 
 pub mod device;
 pub mod dma;

@@ -18,6 +18,7 @@ use crate::dma::{DmaError, LocalMemory};
 #[derive(Debug)]
 pub struct SharedMemory {
     name: String,
+    file: Arc<File>,
     region: MmapRegion,
 }
 
@@ -44,8 +45,9 @@ impl SharedMemory {
         // SAFETY: `raw` is a freshly created fd that nothing else owns.
         let file = unsafe { File::from_raw_fd(raw) };
         file.set_len(size)?;
+        let file = Arc::new(file);
         let region = MmapRegion::build(
-            Some(FileOffset::from_arc(Arc::new(file), 0)),
+            Some(FileOffset::from_arc(Arc::clone(&file), 0)),
             map_len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED | libc::MAP_NORESERVE,
@@ -53,6 +55,7 @@ impl SharedMemory {
         .map_err(|e| io::Error::other(format!("mmap of {name} ({size} bytes): {e}")))?;
         Ok(SharedMemory {
             name: name.to_owned(),
+            file,
             region,
         })
     }
@@ -68,15 +71,7 @@ impl SharedMemory {
     /// The memfd, e.g. for [`crate::RegionInfo::fd`]. Valid as long as
     /// `self` lives.
     pub fn fd(&self) -> RawFd {
-        self.file().as_raw_fd()
-    }
-
-    fn file(&self) -> &File {
-        match self.region.file_offset() {
-            Some(fo) => fo.file(),
-            // `new` always maps a file; there is no other constructor.
-            None => unreachable!("SharedMemory is always file-backed"),
-        }
+        self.file.as_raw_fd()
     }
 
     /// The whole mapping as a volatile slice (zero-copy access).
@@ -113,7 +108,7 @@ impl SharedMemory {
 
 impl AsFd for SharedMemory {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file().as_fd()
+        self.file.as_fd()
     }
 }
 
