@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use tracing::{debug, trace};
+use tracing::debug;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{FileOffset, VolatileMemory, VolatileSlice};
 
@@ -892,7 +892,7 @@ impl DmaSpace {
                     .region
                     .get_slice(*offset, *len)
                     .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
-                trace!(gpa, len, "zero-copy guest memory access");
+                debug!(gpa, len, "zero-copy guest memory access");
                 Ok(f(slice))
             }
             [Chunk::Local {
@@ -912,7 +912,7 @@ impl DmaSpace {
                         len: *len as u64,
                         size: window.memory.size(),
                     })?;
-                trace!(gpa, len, "zero-copy local window access");
+                debug!(gpa, len, "zero-copy local window access");
                 Ok(f(slice))
             }
             _ => Err(not_direct),
@@ -932,7 +932,7 @@ impl DmaSpace {
                     .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
                 slice.copy_to(part);
                 self.inner.mmap.record(false, part.len());
-                trace!(gpa, len, "dma read from guest memory");
+                debug!(gpa, len, "dma read from guest memory");
             }
             Chunk::Message { gpa, .. } => {
                 let link = self.link().ok_or(DmaError::NotConnected)?;
@@ -943,7 +943,7 @@ impl DmaSpace {
             Chunk::Local { window, offset, .. } => {
                 window.memory.read_at(*offset, part)?;
                 self.inner.local.record(false, part.len());
-                trace!(
+                debug!(
                     gpa,
                     len = part.len(),
                     window = window.id.0,
@@ -967,7 +967,7 @@ impl DmaSpace {
                     .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
                 slice.copy_from(part);
                 self.inner.mmap.record(true, part.len());
-                trace!(gpa, len, "dma write to guest memory");
+                debug!(gpa, len, "dma write to guest memory");
             }
             Chunk::Message { gpa, .. } => {
                 let link = self.link().ok_or(DmaError::NotConnected)?;
@@ -978,7 +978,7 @@ impl DmaSpace {
             Chunk::Local { window, offset, .. } => {
                 window.memory.write_at(*offset, part)?;
                 self.inner.local.record(true, part.len());
-                trace!(
+                debug!(
                     gpa,
                     len = part.len(),
                     window = window.id.0,

@@ -215,3 +215,25 @@ fn shutdown_while_idle_and_refusing_a_non_socket_path() {
     bad.max_dma_maps = 65536;
     assert!(Server::new(bad, DmaSpace::new()).is_err());
 }
+
+#[test]
+fn shutdown_during_a_connection_ends_it_and_resets() {
+    let path = socket_path("busy.sock");
+    let dma = DmaSpace::new();
+    let mut device = TestDevice::new(dma.clone());
+    let probe = device.clone();
+    let server = Server::new(ServerConfig::new(&path), dma.clone()).unwrap();
+    let handle = server.shutdown_handle();
+    let listener = server.bind().unwrap();
+    let thread = std::thread::spawn(move || server.serve(listener, &mut device));
+    let mut client = vfio_user::Client::new(&path).unwrap();
+    let mut cfg = [0u8; 4];
+    client.region_read(CONFIG, 0, &mut cfg).unwrap();
+    assert!(dma.is_connected());
+    handle.shutdown();
+    thread.join().unwrap().unwrap();
+    assert!(!dma.is_connected());
+    assert_eq!(probe.resets(), 1);
+    assert!(client.region_read(CONFIG, 0, &mut cfg).is_err());
+    assert!(!path.exists());
+}
