@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::SharedMemory;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 const MIB: u64 = 1 << 20;
 

@@ -1,0 +1,339 @@
+//! Address resolution and data access: plain copies for mmapped memory
+//! and local windows, messages for the rest, zero-copy slices.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use tracing::debug;
+use vm_memory::{VolatileMemory, VolatileSlice};
+
+use super::{
+    range_end, Access, AddressMap, Chunk, ClientRange, DmaError, DmaSpace, DmaTarget, LocalWindow,
+};
+
+impl DmaSpace {
+    /// Splits `[gpa, gpa+len)` into pieces served by one range each,
+    /// checking permissions. Windows win over client ranges.
+    fn resolve(&self, gpa: u64, len: usize, access: Access) -> Result<Vec<Chunk>, DmaError> {
+        let len64 = len as u64;
+        let end = range_end(gpa, len64)?;
+        let map = self.map();
+        let mut chunks = Vec::new();
+        let mut cur = gpa;
+        while cur < end {
+            if let Some(w) = Self::window_at(&map, cur) {
+                let stop = end.min(w.gpa + w.len);
+                chunks.push(Chunk::Local {
+                    window: Arc::clone(w),
+                    offset: w.mem_offset + (cur - w.gpa),
+                    len: (stop - cur) as usize,
+                });
+                cur = stop;
+                continue;
+            }
+            // A client range, cut where the next window begins.
+            let next_window = map
+                .windows
+                .range((Bound::Excluded(cur), Bound::Unbounded))
+                .next()
+                .map(|(start, _)| *start)
+                .unwrap_or(u64::MAX);
+            let range = Self::client_at(&map, cur).ok_or(DmaError::Unmapped {
+                gpa: cur,
+                len: end - cur,
+            })?;
+            if access.reads() && !range.perms.read {
+                return Err(DmaError::Permission {
+                    gpa: cur,
+                    write: false,
+                });
+            }
+            if access.writes() && !range.perms.write {
+                return Err(DmaError::Permission {
+                    gpa: cur,
+                    write: true,
+                });
+            }
+            let stop = end.min(range.gpa + range.len).min(next_window);
+            let piece = (stop - cur) as usize;
+            match &range.mapping {
+                Some(m) => chunks.push(Chunk::Mmap {
+                    offset: m.delta + (cur - range.gpa) as usize,
+                    range: Arc::clone(range),
+                    len: piece,
+                }),
+                None => chunks.push(Chunk::Message {
+                    gpa: cur,
+                    len: piece,
+                }),
+            }
+            cur = stop;
+        }
+        Ok(chunks)
+    }
+
+    fn window_at(map: &AddressMap, gpa: u64) -> Option<&Arc<LocalWindow>> {
+        map.windows
+            .range(..=gpa)
+            .next_back()
+            .map(|(_, w)| w)
+            .filter(|w| gpa - w.gpa < w.len)
+    }
+
+    fn client_at(map: &AddressMap, gpa: u64) -> Option<&Arc<ClientRange>> {
+        map.client
+            .range(..=gpa)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| gpa - r.gpa < r.len)
+    }
+
+    /// Tells where `[gpa, gpa+len)` lands (len 0 is treated as 1 byte).
+    pub fn classify(&self, gpa: u64, len: u64) -> DmaTarget {
+        let Ok(end) = range_end(gpa, len.max(1)) else {
+            return DmaTarget::Unmapped;
+        };
+        let map = self.map();
+        let mut kind: Option<DmaTarget> = None;
+        let mut cur = gpa;
+        while cur < end {
+            let (this, stop) = if let Some(w) = Self::window_at(&map, cur) {
+                (DmaTarget::Local(w.id), w.gpa + w.len)
+            } else if let Some(r) = Self::client_at(&map, cur) {
+                let next_window = map
+                    .windows
+                    .range((Bound::Excluded(cur), Bound::Unbounded))
+                    .next()
+                    .map(|(start, _)| *start)
+                    .unwrap_or(u64::MAX);
+                let k = if r.mapping.is_some() {
+                    DmaTarget::GuestMemory
+                } else {
+                    DmaTarget::MessageOnly
+                };
+                (k, (r.gpa + r.len).min(next_window))
+            } else {
+                return DmaTarget::Unmapped;
+            };
+            match kind {
+                None => kind = Some(this),
+                Some(k) if k == this => {}
+                Some(_) => kind = Some(DmaTarget::Mixed),
+            }
+            cur = stop.min(end);
+        }
+        kind.unwrap_or(DmaTarget::Unmapped)
+    }
+
+    // ----- data access -----
+
+    /// Reads guest memory at `gpa` into `buf`. On error, part of `buf` may
+    /// already be filled.
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let chunks = self.resolve(gpa, buf.len(), Access::Read)?;
+        let mut rest = buf;
+        let mut at = gpa;
+        for chunk in chunks {
+            let (part, tail) = rest
+                .split_at_mut_checked(chunk.len())
+                .ok_or(DmaError::Invalid("internal: chunk longer than buffer"))?;
+            self.read_chunk(&chunk, at, part)?;
+            at = at.wrapping_add(part.len() as u64);
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` to guest memory at `gpa`. On error, part of it may
+    /// already be written.
+    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<(), DmaError> {
+        let chunks = self.resolve(gpa, data.len(), Access::Write)?;
+        let mut rest = data;
+        let mut at = gpa;
+        for chunk in chunks {
+            let (part, tail) = rest
+                .split_at_checked(chunk.len())
+                .ok_or(DmaError::Invalid("internal: chunk longer than data"))?;
+            self.write_chunk(&chunk, at, part)?;
+            at = at.wrapping_add(part.len() as u64);
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Gathers the `(gpa, len)` segments, in order, into `buf`, whose
+    /// length must be the segments' total.
+    pub fn read_sg(&self, segments: &[(u64, usize)], buf: &mut [u8]) -> Result<(), DmaError> {
+        Self::check_sg_total(segments, buf.len())?;
+        let mut rest = buf;
+        for &(gpa, len) in segments {
+            let (part, tail) = rest
+                .split_at_mut_checked(len)
+                .ok_or(DmaError::Invalid("segments exceed the buffer"))?;
+            self.read(gpa, part)?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Scatters `data` over the `(gpa, len)` segments, in order.
+    pub fn write_sg(&self, segments: &[(u64, usize)], data: &[u8]) -> Result<(), DmaError> {
+        Self::check_sg_total(segments, data.len())?;
+        let mut rest = data;
+        for &(gpa, len) in segments {
+            let (part, tail) = rest
+                .split_at_checked(len)
+                .ok_or(DmaError::Invalid("segments exceed the data"))?;
+            self.write(gpa, part)?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    fn check_sg_total(segments: &[(u64, usize)], want: usize) -> Result<(), DmaError> {
+        let total = segments
+            .iter()
+            .try_fold(0usize, |acc, &(_, len)| acc.checked_add(len));
+        if total != Some(want) {
+            return Err(DmaError::Invalid(
+                "scatter-gather total differs from the buffer length",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Zero-copy access: calls `f` with the memory behind `[gpa, gpa+len)`
+    /// if it lies in one fd-backed client range or one local window backed
+    /// by plain memory. Anything else (message-only, split across ranges,
+    /// unmapped) is an error, and the caller falls back to `read`/`write`.
+    ///
+    /// The mapping stays valid during `f` even if the client unmaps it
+    /// concurrently. With `Access::Read` on a read-only range the memory
+    /// is mapped without PROT_WRITE: `f` must not write to it.
+    pub fn with_slice<R>(
+        &self,
+        gpa: u64,
+        len: usize,
+        access: Access,
+        f: impl FnOnce(VolatileSlice<'_>) -> R,
+    ) -> Result<R, DmaError> {
+        let chunks = self.resolve(gpa, len, access)?;
+        let not_direct = DmaError::NotDirect {
+            gpa,
+            len: len as u64,
+        };
+        let counters = match chunks.first() {
+            Some(Chunk::Mmap { .. }) => &self.inner.mmap,
+            Some(Chunk::Local { .. }) => &self.inner.local,
+            _ => return Err(not_direct),
+        };
+        if access.reads() {
+            counters.record(false, len);
+        }
+        if access.writes() {
+            counters.record(true, len);
+        }
+        match chunks.as_slice() {
+            [Chunk::Mmap { range, offset, len }] => {
+                let mapping = range.mapping.as_ref().ok_or(not_direct)?;
+                let slice = mapping
+                    .region
+                    .get_slice(*offset, *len)
+                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
+                debug!(gpa, len, "zero-copy guest memory access");
+                Ok(f(slice))
+            }
+            [Chunk::Local {
+                window,
+                offset,
+                len,
+            }] => {
+                let whole = window.memory.volatile_slice().ok_or(not_direct)?;
+                let start = usize::try_from(*offset).map_err(|_| DmaError::Overflow {
+                    gpa,
+                    len: *len as u64,
+                })?;
+                let slice = whole
+                    .subslice(start, *len)
+                    .map_err(|_| DmaError::OutOfBounds {
+                        offset: *offset,
+                        len: *len as u64,
+                        size: window.memory.size(),
+                    })?;
+                debug!(gpa, len, "zero-copy local window access");
+                Ok(f(slice))
+            }
+            _ => Err(not_direct),
+        }
+    }
+
+    fn read_chunk(&self, chunk: &Chunk, gpa: u64, part: &mut [u8]) -> Result<(), DmaError> {
+        match chunk {
+            Chunk::Mmap { range, offset, len } => {
+                let mapping = range
+                    .mapping
+                    .as_ref()
+                    .ok_or(DmaError::Invalid("internal: no mapping"))?;
+                let slice = mapping
+                    .region
+                    .get_slice(*offset, *len)
+                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
+                slice.copy_to(part);
+                self.inner.mmap.record(false, part.len());
+                debug!(gpa, len, "dma read from guest memory");
+            }
+            Chunk::Message { gpa, .. } => {
+                let link = self.link().ok_or(DmaError::NotConnected)?;
+                debug!(gpa, len = part.len(), "dma read via DMA_READ messages");
+                link.dma_read(*gpa, part)?;
+                self.inner.message.record(false, part.len());
+            }
+            Chunk::Local { window, offset, .. } => {
+                window.memory.read_at(*offset, part)?;
+                self.inner.local.record(false, part.len());
+                debug!(
+                    gpa,
+                    len = part.len(),
+                    window = window.id.0,
+                    "dma read from local window"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn write_chunk(&self, chunk: &Chunk, gpa: u64, part: &[u8]) -> Result<(), DmaError> {
+        match chunk {
+            Chunk::Mmap { range, offset, len } => {
+                let mapping = range
+                    .mapping
+                    .as_ref()
+                    .ok_or(DmaError::Invalid("internal: no mapping"))?;
+                let slice = mapping
+                    .region
+                    .get_slice(*offset, *len)
+                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
+                slice.copy_from(part);
+                self.inner.mmap.record(true, part.len());
+                debug!(gpa, len, "dma write to guest memory");
+            }
+            Chunk::Message { gpa, .. } => {
+                let link = self.link().ok_or(DmaError::NotConnected)?;
+                debug!(gpa, len = part.len(), "dma write via DMA_WRITE messages");
+                link.dma_write(*gpa, part)?;
+                self.inner.message.record(true, part.len());
+            }
+            Chunk::Local { window, offset, .. } => {
+                window.memory.write_at(*offset, part)?;
+                self.inner.local.record(true, part.len());
+                debug!(
+                    gpa,
+                    len = part.len(),
+                    window = window.id.0,
+                    "dma write to local window"
+                );
+            }
+        }
+        Ok(())
+    }
+}
