@@ -10,6 +10,7 @@
 //! [`GuestMemory`] and [`InterruptSink`], so it is tested without a socket
 //! or QEMU. The `p2plab-gpu` binary wires it to the vfio-user transport.
 
+pub mod cli;
 pub mod command;
 pub mod crc32c;
 pub mod model;
@@ -18,6 +19,7 @@ pub mod regs;
 pub mod stats;
 pub mod vram;
 
-pub use model::{DmaError, Gpu, GuestMemory, InterruptSink};
+pub use model::{DmaError, Gpu, GuestMemory, InterruptSink, StatsReader};
+pub use pci::{gpu_function, DmaSpaceMemory, GpuError, GpuFunction, GpuIds};
 pub use stats::{Stats, StatsSnapshot};
 pub use vram::Vram;

@@ -188,7 +188,7 @@ struct Shared {
     /// Bumped by reset and by disabling the ring; the worker drops a
     /// command whose generation is stale instead of retiring it.
     generation: AtomicU64,
-    vram: Vram,
+    vram: Arc<Vram>,
     stats: Stats,
     memory: Arc<dyn GuestMemory>,
     irq: Arc<dyn InterruptSink>,
@@ -199,6 +199,24 @@ impl Shared {
         // A poisoned lock only means another thread panicked mid-update;
         // the register file is still plain data, so keep serving it.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reads the device's counters from any thread.
+#[derive(Clone)]
+pub struct StatsReader(Arc<Shared>);
+
+impl std::fmt::Debug for StatsReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsReader").finish_non_exhaustive()
+    }
+}
+
+impl StatsReader {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let vram = &self.0.vram;
+        let allocated = vram.allocated_bytes().unwrap_or(0);
+        self.0.stats.snapshot(vram.size(), allocated)
     }
 }
 
@@ -227,15 +245,20 @@ impl Gpu {
             state: Mutex::new(State::new()),
             wake: Condvar::new(),
             generation: AtomicU64::new(0),
-            vram,
+            vram: Arc::new(vram),
             stats: Stats::default(),
             memory,
             irq,
         });
         let worker_shared = Arc::clone(&shared);
+        // The engine logs inside the device's span (socket, ids).
+        let span = tracing::Span::current();
         let worker = std::thread::Builder::new()
             .name("gpu-engine".into())
-            .spawn(move || Engine::new(worker_shared).run())?;
+            .spawn(move || {
+                let _span = span.enter();
+                Engine::new(worker_shared).run()
+            })?;
         Ok(Self {
             shared,
             worker: Some(worker),
@@ -246,10 +269,19 @@ impl Gpu {
         &self.shared.vram
     }
 
+    /// A shared handle to VRAM (e.g. to serve it as a DMA local window).
+    pub fn vram_handle(&self) -> Arc<Vram> {
+        Arc::clone(&self.shared.vram)
+    }
+
     pub fn stats(&self) -> StatsSnapshot {
-        let vram = &self.shared.vram;
-        let allocated = vram.allocated_bytes().unwrap_or(0);
-        self.shared.stats.snapshot(vram.size(), allocated)
+        self.stats_reader().snapshot()
+    }
+
+    /// A handle another thread can use to read the counters while the
+    /// transport owns the device.
+    pub fn stats_reader(&self) -> StatsReader {
+        StatsReader(Arc::clone(&self.shared))
     }
 
     /// A trapped BAR0 read of any size; reads have no side effects, so a

@@ -8,9 +8,9 @@ use p2plab_pci::{
     BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
     InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
 };
-use p2plab_vfio_user::DeviceError;
+use p2plab_vfio_user::{DeviceError, DmaSpace, LocalMemory, LocalWindowId};
 
-use crate::model::{Gpu, GuestMemory, InterruptSink};
+use crate::model::{DmaError, Gpu, GuestMemory, InterruptSink};
 use crate::regs::*;
 use crate::vram::Vram;
 
@@ -94,12 +94,73 @@ impl InterruptSink for LateInterrupts {
     }
 }
 
+/// The engine's path to guest memory in the server: the vfio-user DMA
+/// address space (mmapped guest RAM, messages for peer BARs).
+#[derive(Debug, Clone)]
+pub struct DmaSpaceMemory(pub DmaSpace);
+
+impl GuestMemory for DmaSpaceMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        self.0.read(gpa, buf).map_err(|e| DmaError {
+            gpa,
+            len: buf.len() as u64,
+            reason: e.to_string(),
+        })
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), DmaError> {
+        self.0.write(gpa, buf).map_err(|e| DmaError {
+            gpa,
+            len: buf.len() as u64,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// VRAM as a DMA local window: engine DMA whose host address lands in our
+/// own BAR2 is served from the memfd instead of a round trip through QEMU.
+impl LocalMemory for Vram {
+    fn size(&self) -> u64 {
+        Vram::size(self)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), p2plab_vfio_user::DmaError> {
+        self.read(offset, buf)
+            .map_err(|e| window_error(self, offset, buf.len(), &e))
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), p2plab_vfio_user::DmaError> {
+        self.write(offset, data)
+            .map_err(|e| window_error(self, offset, data.len(), &e))
+    }
+}
+
+fn window_error(vram: &Vram, offset: u64, len: usize, e: &io::Error) -> p2plab_vfio_user::DmaError {
+    if vram.contains(offset, len as u64) {
+        p2plab_vfio_user::DmaError::Io(e.to_string())
+    } else {
+        p2plab_vfio_user::DmaError::OutOfBounds {
+            offset,
+            len: len as u64,
+            size: vram.size(),
+        }
+    }
+}
+
+/// Keeps BAR2's local window in the DMA space where the guest put BAR2.
+#[derive(Debug)]
+struct VramWindow {
+    dma: DmaSpace,
+    id: Option<LocalWindowId>,
+}
+
 /// [`Gpu`] seen through p2plab-pci's [`PciModel`].
 #[derive(Debug)]
 pub struct GpuFunction {
     gpu: Gpu,
     /// Where the guest placed BAR2 (None while unprogrammed or decode off).
     vram_address: Option<u64>,
+    window: Option<VramWindow>,
 }
 
 impl GpuFunction {
@@ -110,6 +171,37 @@ impl GpuFunction {
     /// Guest-physical address of VRAM, if the BAR is placed and decoding.
     pub fn vram_address(&self) -> Option<u64> {
         self.vram_address
+    }
+
+    /// From now on, keep VRAM mapped as a local window of `dma` at BAR2's
+    /// guest address, so engine DMA to our own BAR stays in this process.
+    pub fn serve_vram_locally(&mut self, dma: DmaSpace) {
+        self.window = Some(VramWindow { dma, id: None });
+        self.update_window();
+    }
+
+    fn update_window(&mut self) {
+        let Some(window) = self.window.as_mut() else {
+            return;
+        };
+        let size = self.gpu.vram().size();
+        let result = match (window.id, self.vram_address) {
+            (Some(id), Some(gpa)) => window.dma.move_local_window(id, gpa),
+            (None, Some(gpa)) => window
+                .dma
+                .add_local_window(gpa, size, self.gpu.vram_handle(), 0)
+                .map(|id| window.id = Some(id)),
+            (Some(id), None) => {
+                window.dma.remove_local_window(id);
+                window.id = None;
+                Ok(())
+            }
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = result {
+            // Engine DMA to our BAR then goes through the client instead.
+            tracing::warn!(error = %e, "cannot place the VRAM DMA window");
+        }
     }
 }
 
@@ -129,6 +221,7 @@ pub fn gpu_function(
         GpuFunction {
             gpu,
             vram_address: None,
+            window: None,
         }
     });
     Ok(function)
@@ -170,6 +263,8 @@ impl PciModel for GpuFunction {
         // Config space is already back to power-on: COMMAND is 0.
         self.gpu.set_bus_master(false);
         self.gpu.reset();
+        self.vram_address = None;
+        self.update_window();
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
@@ -178,6 +273,7 @@ impl PciModel for GpuFunction {
             ConfigChange::BarMoved { index, new, .. } if *index == VRAM_BAR => {
                 tracing::info!(address = ?new.map(|a| format!("{a:#x}")), "VRAM BAR placed");
                 self.vram_address = *new;
+                self.update_window();
             }
             _ => {}
         }
@@ -334,6 +430,40 @@ mod tests {
         assert_eq!(f.model().vram_address(), Some(0x1_8000_0000));
         cfg_write(&mut f, 4, &0x0000u16.to_le_bytes());
         assert_eq!(f.model().vram_address(), None);
+    }
+
+    #[test]
+    fn vram_window_follows_the_bar() {
+        use p2plab_vfio_user::DmaTarget;
+        let mut f = function(256 << 20);
+        let dma = DmaSpace::new();
+        f.model_mut().serve_vram_locally(dma.clone());
+        assert_eq!(dma.classify(0x1_8000_0000, 4096), DmaTarget::Unmapped);
+        cfg_write(&mut f, 0x18, &0x8000_000cu32.to_le_bytes());
+        cfg_write(&mut f, 0x1c, &0x0000_0001u32.to_le_bytes());
+        cfg_write(&mut f, 4, &0x0002u16.to_le_bytes());
+        assert!(matches!(
+            dma.classify(0x1_8000_0000, 256 << 20),
+            DmaTarget::Local(_)
+        ));
+        // DMA through the window lands in VRAM.
+        dma.write(0x1_8000_1000, b"local").unwrap();
+        let mut back = [0u8; 5];
+        f.model().gpu().vram().read(0x1000, &mut back).unwrap();
+        assert_eq!(&back, b"local");
+        assert!(dma
+            .read(0x1_8000_0000 + (256 << 20) - 2, &mut back)
+            .is_err());
+        // Moved by the guest.
+        cfg_write(&mut f, 0x18, &0xc000_000cu32.to_le_bytes());
+        assert!(matches!(
+            dma.classify(0x1_c000_0000, 4096),
+            DmaTarget::Local(_)
+        ));
+        assert_eq!(dma.classify(0x1_8000_0000, 4096), DmaTarget::Unmapped);
+        // Gone on reset.
+        Device::reset(&mut f).unwrap();
+        assert_eq!(dma.classify(0x1_c000_0000, 4096), DmaTarget::Unmapped);
     }
 
     #[test]

@@ -35,10 +35,19 @@ macro_rules! counters {
         impl StatsSnapshot {
             /// One flat JSON object; every value is an unsigned integer.
             pub fn to_json(&self) -> String {
+                self.to_json_with(&[])
+            }
+
+            /// Like [`Self::to_json`], with more counters appended (names
+            /// must be plain identifiers).
+            pub fn to_json_with(&self, extra: &[(&str, u64)]) -> String {
                 let mut fields: Vec<String> = Vec::new();
                 $(fields.push(format!("\"{}\":{}", stringify!($name), self.$name));)*
                 fields.push(format!("\"vram_size\":{}", self.vram_size));
                 fields.push(format!("\"vram_allocated_bytes\":{}", self.vram_allocated_bytes));
+                for (name, value) in extra {
+                    fields.push(format!("\"{name}\":{value}"));
+                }
                 format!("{{{}}}", fields.join(","))
             }
         }
@@ -109,6 +118,10 @@ mod tests {
         assert!(json.contains("\"vram_size\":1073741824"));
         assert!(json.contains("\"vram_allocated_bytes\":8192"));
         assert_eq!(json.matches(':').count(), 14);
+        let more = stats
+            .snapshot(0, 0)
+            .to_json_with(&[("dma_message_write_bytes", 7)]);
+        assert!(more.ends_with(",\"dma_message_write_bytes\":7}"), "{more}");
     }
 
     #[test]
