@@ -31,13 +31,14 @@
 #define FILE_CHUNK	(16u << 20)
 
 static const char *dev_path = "/dev/p2plab-gpu0";
+static int dev_fd = -1;		/* -F: an fd the caller already opened */
 static uint32_t timeout_ms;
 static uint32_t job_flags;
 
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: p2plab-gpu-tool [-d DEVICE] [-t TIMEOUT_MS] [-U] COMMAND [ARGS]\n"
+		"usage: p2plab-gpu-tool [-d DEVICE | -F FD] [-t TIMEOUT_MS] [-U] COMMAND [ARGS]\n"
 		"\n"
 		"  info                          device information\n"
 		"  fill OFF LEN BYTE             fill VRAM with a byte (engine)\n"
@@ -53,7 +54,8 @@ static void usage(FILE *out)
 		"  crc32c FILE [OFF [LEN]]       CRC32C of a file (no device)\n"
 		"\n"
 		"Numbers: decimal or 0x hex, with an optional K, M, G or T suffix (binary).\n"
-		"-U sets P2PLAB_GPU_JOB_UNCHECKED. Default device: /dev/p2plab-gpu0.\n"
+		"-U sets P2PLAB_GPU_JOB_UNCHECKED. -F uses an inherited open fd of the device.\n"
+		"Default device: /dev/p2plab-gpu0.\n"
 		"Exit: 0 ok, 1 device error status, 2 usage, 3 system error, 4 timeout.\n");
 }
 
@@ -121,7 +123,11 @@ static uint32_t crc_update(uint32_t state, const volatile uint8_t *p, size_t n)
 
 static int open_dev(void)
 {
-	int fd = open(dev_path, O_RDWR | O_CLOEXEC);
+	int fd;
+
+	if (dev_fd >= 0)
+		return dev_fd;
+	fd = open(dev_path, O_RDWR | O_CLOEXEC);
 
 	if (fd < 0)
 		die(EXIT_SYSTEM, "%s: %s", dev_path, strerror(errno));
@@ -406,10 +412,13 @@ int main(int argc, char **argv)
 	const char *cmd;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "d:t:Uh")) != -1) {
+	while ((opt = getopt(argc, argv, "d:F:t:Uh")) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_path = optarg;
+			break;
+		case 'F':
+			dev_fd = (int)parse_num("-F", optarg);
 			break;
 		case 't':
 			timeout_ms = (uint32_t)parse_num("-t", optarg);

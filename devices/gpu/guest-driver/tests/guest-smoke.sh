@@ -1,0 +1,101 @@
+#!/bin/bash
+# Guest-side smoke test of p2plab_gpu.ko and p2plab-gpu-tool, run inside the
+# VM (bash, busybox, the tool on PATH or in /opt/p2plab/bin):
+#   guest-smoke.sh [MODULE.ko]
+# With MODULE.ko it (re)loads that file, else it uses modprobe p2plab_gpu.
+# Prints "N passed, M failed" and exits non-zero on any failure.
+set -u
+PATH="$PATH:/opt/p2plab/bin"
+T=p2plab-gpu-tool
+KO="${1:-}"
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+check() { # check DESCRIPTION COMMAND...: passes when COMMAND succeeds
+  local what="$1"; shift
+  if "$@"; then ok "$what"; else bad "$what"; fi
+}
+expect_rc() { # expect_rc RC DESCRIPTION COMMAND...
+  local want="$1" what="$2" rc; shift 2
+  "$@" >/tmp/smoke.out 2>&1; rc=$?
+  if [ "$rc" = "$want" ]; then ok "$what (exit $rc)"; else bad "$what: exit $rc, wanted $want: $(cat /tmp/smoke.out)"; fi
+}
+load() {
+  if [ -n "$KO" ]; then insmod "$KO"; else modprobe p2plab_gpu; fi
+}
+wait_dev() { # the char device appears shortly after probe
+  for _ in $(seq 50); do [ -e /dev/p2plab-gpu0 ] && return 0; sleep 0.1; done
+  return 1
+}
+
+lsmod | grep -q '^p2plab_gpu' || load
+check "device node" wait_dev
+pci=$($T info | sed -n 's/^pci: //p')
+check "info names the PCI function" test -n "$pci"
+check "p2pmem published" test "$(cat /sys/bus/pci/devices/$pci/p2pmem/published 2>/dev/null)" = 1
+vram=$($T info | sed -n 's/^vram_size: //p')
+check "p2pmem size is the whole BAR" test "$(cat /sys/bus/pci/devices/$pci/p2pmem/size)" = "$vram"
+check "MSI-X in use" sh -c "$T info | grep -q 'interrupts: msix'"
+
+# Engine fill vs. CPU-computed CRC of the same bytes.
+$T fill 0x10000 1M 0x5a
+head -c 1048576 /dev/zero | tr '\0' '\132' > /tmp/5a
+check "fill + checksum match a local CRC32C" test "$($T checksum 0x10000 1M)" = "$($T crc32c /tmp/5a)"
+check "CPU through mmap sees the fill" test "$($T mmap-checksum 0x10000 1M)" = "$($T crc32c /tmp/5a)"
+
+# Copies through bounce buffers, larger than one bounce (1 MiB).
+head -c 5000000 /dev/urandom > /tmp/rand
+$T copy-to-vram /tmp/rand 0x200000 2>/dev/null
+check "copy-to-vram then engine checksum" test "$($T checksum 0x200000 5000000)" = "$($T crc32c /tmp/rand)"
+$T copy-from-vram 0x200000 5000000 /tmp/back
+check "copy-from-vram round trip" cmp -s /tmp/rand /tmp/back
+$T copy-vram 0x200000 0x1000001 5000000
+check "copy-vram (unaligned destination)" test "$($T checksum 0x1000001 5000000)" = "$($T crc32c /tmp/rand)"
+$T copy-vram 0x1000001 0x1000101 5000000
+check "copy-vram overlapping (memmove)" test "$($T checksum 0x1000101 5000000)" = "$($T crc32c /tmp/rand)"
+
+# The CPU writes through mmap, the engine reads it.
+$T mmap-fill 0x3000000 65536 0xc3
+head -c 65536 /dev/zero | tr '\0' '\303' > /tmp/c3
+check "mmap-fill seen by the engine" test "$($T checksum 0x3000000 65536)" = "$($T crc32c /tmp/c3)"
+
+# Errors: checked by the driver, and (unchecked) by the device.
+expect_rc 3 "range past VRAM refused by the driver" $T checksum "$vram" 1
+expect_rc 3 "mmap past VRAM refused" $T mmap-checksum "$vram" 4096
+expect_rc 1 "bad opcode reported by the device" $T -U raw 0x42 0 0 16
+check "  ... with status 0x1" grep -q 'status 0x1 ' /tmp/smoke.out
+expect_rc 1 "out-of-range fill reported by the device" $T -U raw 4 0 "$vram" 4096 0x01010101
+check "  ... with status 0x3" grep -q 'status 0x3 ' /tmp/smoke.out
+expect_rc 2 "usage error" $T fill 0 1 300
+check "engine still healthy after errors" sh -c "$T nop >/dev/null && $T info | grep -q 'broken: no'"
+
+# Unbind/bind and unload/load cycles, one with a file open across unbind.
+for i in 1 2 3; do
+  echo "$pci" > /sys/bus/pci/drivers/p2plab_gpu/unbind || bad "unbind $i"
+  echo "$pci" > /sys/bus/pci/drivers/p2plab_gpu/bind || bad "bind $i"
+  wait_dev && $T nop >/dev/null || bad "usable after rebind $i"
+done
+ok "3 unbind/bind cycles"
+exec 7</dev/p2plab-gpu0
+echo "$pci" > /sys/bus/pci/drivers/p2plab_gpu/unbind
+expect_rc 3 "ioctl on a file left open across unbind fails cleanly" $T -F 7 info
+check "  ... with ENODEV" grep -q "No such device" /tmp/smoke.out
+exec 7<&-
+echo "$pci" > /sys/bus/pci/drivers/p2plab_gpu/bind
+for i in 1 2 3; do
+  rmmod p2plab_gpu || bad "rmmod $i"
+  load || bad "load $i"
+  wait_dev && $T nop >/dev/null || bad "usable after reload $i"
+done
+ok "3 unload/load cycles"
+check "p2pmem published again" test "$(cat /sys/bus/pci/devices/$pci/p2pmem/published 2>/dev/null)" = 1
+
+if dmesg | grep -E -i 'BUG:|WARNING:|Oops|general protection|leak|refcount_t|list_add corruption|list_del corruption' >/tmp/dmesg.bad; then
+  bad "kernel log clean: $(head -5 /tmp/dmesg.bad)"
+else
+  ok "kernel log clean"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
