@@ -1,0 +1,439 @@
+//! Submission and completion queues shared between the socket thread
+//! (doorbells) and the queue workers (fetching, posting).
+//!
+//! The socket thread only touches atomics and the wake-up notifiers here,
+//! never a lock that is held across DMA: a DMA may wait on QEMU's main loop,
+//! which may be waiting on the socket thread.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::command::{encode_cqe, Completion};
+use crate::memory::{DmaFault, DmaRouter};
+use crate::spec::{CQE_SIZE, SQE_SIZE};
+use crate::stats::Stats;
+
+/// A one-shot wake-up flag with a condition variable.
+#[derive(Default)]
+pub(crate) struct Notifier {
+    flag: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Notifier {
+    pub fn notify(&self) {
+        *crate::lock(&self.flag) = true;
+        self.cond.notify_all();
+    }
+
+    /// Returns when notified (consuming the notification) or after
+    /// `timeout`.
+    pub fn wait(&self, timeout: Duration) {
+        let mut flag = crate::lock(&self.flag);
+        if !*flag {
+            flag = match self.cond.wait_timeout(flag, timeout) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        *flag = false;
+    }
+}
+
+/// Addresses of one queue's slots in the shadow doorbell and EventIdx
+/// buffers (Doorbell Buffer Config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shadow {
+    pub doorbell: u64,
+    pub event_idx: u64,
+}
+
+impl Shadow {
+    /// Slots of queue `qid` for a submission (`cq = false`) or completion
+    /// queue, with CAP.DSTRD = 0.
+    pub fn for_queue(buffers: (u64, u64), qid: u16, cq: bool) -> Self {
+        let offset = (2 * u64::from(qid) + u64::from(cq)) * 4;
+        Self {
+            doorbell: buffers.0.wrapping_add(offset),
+            event_idx: buffers.1.wrapping_add(offset),
+        }
+    }
+}
+
+pub(crate) struct SubmissionQueue {
+    pub id: u16,
+    pub cqid: u16,
+    pub base: u64,
+    pub entries: u32,
+    pub in_cmb: bool,
+    /// Last tail written to the MMIO doorbell.
+    pub tail: AtomicU32,
+    /// The worker's head, for snapshots and SQHD.
+    pub head: AtomicU32,
+    pub fetched: AtomicU64,
+    pub wake: Notifier,
+    pub stop: AtomicBool,
+    pub shadow: Mutex<Option<Shadow>>,
+    pub worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl SubmissionQueue {
+    pub fn new(id: u16, cqid: u16, base: u64, entries: u32, in_cmb: bool) -> Self {
+        Self {
+            id,
+            cqid,
+            base,
+            entries,
+            in_cmb,
+            tail: AtomicU32::new(0),
+            head: AtomicU32::new(0),
+            fetched: AtomicU64::new(0),
+            wake: Notifier::default(),
+            stop: AtomicBool::new(false),
+            shadow: Mutex::new(None),
+            worker: Mutex::new(None),
+        }
+    }
+
+    pub fn shadow(&self) -> Option<Shadow> {
+        *crate::lock(&self.shadow)
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.notify();
+    }
+
+    /// The tail to process up to: the shadow doorbell when configured (the
+    /// host updates it before, and often instead of, the MMIO doorbell),
+    /// else the MMIO value. An out-of-range shadow value is ignored.
+    pub fn current_tail(&self, mem: &DmaRouter) -> u32 {
+        if let Some(shadow) = self.shadow() {
+            if let Ok(tail) = mem.read_u32(shadow.doorbell) {
+                if tail < self.entries {
+                    return tail;
+                }
+                tracing::debug!(sqid = self.id, tail, "shadow SQ tail out of range, ignored");
+            }
+        }
+        self.tail.load(Ordering::Acquire)
+    }
+
+    pub fn entry_address(&self, index: u32) -> u64 {
+        self.base + u64::from(index) * SQE_SIZE as u64
+    }
+
+    /// Tells the host (EventIdx) to ring the MMIO doorbell on its next
+    /// submission, then reports whether the tail moved meanwhile. The fence
+    /// pairs with the host's barrier between its shadow write and EventIdx
+    /// read, so one side always sees the other's update.
+    pub fn arm_event_idx(&self, mem: &DmaRouter, processed_up_to: u32) -> bool {
+        let Some(shadow) = self.shadow() else {
+            return false;
+        };
+        if mem.write_u32(shadow.event_idx, processed_up_to).is_err() {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        self.current_tail(mem) != processed_up_to
+    }
+}
+
+pub(crate) struct PostState {
+    pub phase: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum PostError {
+    /// The queue was deleted or the controller reset: drop the completion.
+    Stopped,
+    /// Writing the entry failed: a controller fatal status.
+    Fault(DmaFault),
+}
+
+pub(crate) struct CompletionQueue {
+    pub id: u16,
+    pub base: u64,
+    pub entries: u32,
+    pub vector: u16,
+    pub irq_enabled: bool,
+    pub in_cmb: bool,
+    /// Last head written to the MMIO doorbell.
+    pub head: AtomicU32,
+    /// Next slot to post into. Advanced before the entry is written, so a
+    /// head doorbell can never legitimately name a slot beyond it.
+    pub tail: AtomicU32,
+    pub post: Mutex<PostState>,
+    pub space: Notifier,
+    pub stop: AtomicBool,
+    pub shadow: Mutex<Option<Shadow>>,
+}
+
+impl CompletionQueue {
+    pub fn new(
+        id: u16,
+        base: u64,
+        entries: u32,
+        vector: u16,
+        irq_enabled: bool,
+        in_cmb: bool,
+    ) -> Self {
+        Self {
+            id,
+            base,
+            entries,
+            vector,
+            irq_enabled,
+            in_cmb,
+            head: AtomicU32::new(0),
+            tail: AtomicU32::new(0),
+            post: Mutex::new(PostState { phase: true }),
+            space: Notifier::default(),
+            stop: AtomicBool::new(false),
+            shadow: Mutex::new(None),
+        }
+    }
+
+    pub fn shadow(&self) -> Option<Shadow> {
+        *crate::lock(&self.shadow)
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.space.notify();
+    }
+
+    /// Whether a head doorbell value is acceptable: inside the queue and not
+    /// past entries the controller has posted.
+    pub fn head_is_valid(&self, new_head: u32) -> bool {
+        if new_head >= self.entries {
+            return false;
+        }
+        let n = self.entries;
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        let consumed = (new_head + n - head) % n;
+        let posted = (tail + n - head) % n;
+        consumed <= posted
+    }
+
+    fn current_head(&self, mem: &DmaRouter) -> u32 {
+        if let Some(shadow) = self.shadow() {
+            if let Ok(head) = mem.read_u32(shadow.doorbell) {
+                if head < self.entries {
+                    return head;
+                }
+            }
+        }
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Posts one completion, waiting while the queue is full. The phase
+    /// tag flips each time the tail wraps.
+    pub fn post(
+        &self,
+        mem: &DmaRouter,
+        stats: &Stats,
+        completion: &Completion,
+        sq_head: u16,
+        sqid: u16,
+        cid: u16,
+    ) -> Result<(), PostError> {
+        let mut state = crate::lock(&self.post);
+        loop {
+            if self.stopped() {
+                return Err(PostError::Stopped);
+            }
+            let tail = self.tail.load(Ordering::Acquire);
+            let next = (tail + 1) % self.entries;
+            if next != self.current_head(mem) {
+                break;
+            }
+            // Full. With shadow doorbells the host only rings the MMIO
+            // doorbell once its head passes EventIdx: ask for that now.
+            if let Some(shadow) = self.shadow() {
+                let head = self.current_head(mem);
+                let _ = mem.write_u32(shadow.event_idx, head);
+                fence(Ordering::SeqCst);
+                if next != self.current_head(mem) {
+                    continue;
+                }
+            }
+            tracing::trace!(cqid = self.id, "completion queue full, waiting");
+            self.space.wait(Duration::from_millis(20));
+        }
+        let tail = self.tail.load(Ordering::Acquire);
+        let phase = state.phase;
+        let next = (tail + 1) % self.entries;
+        if next == 0 {
+            state.phase = !state.phase;
+        }
+        self.tail.store(next, Ordering::Release);
+        let entry = encode_cqe(completion, sq_head, sqid, cid, phase);
+        let addr = self.base + u64::from(tail) * CQE_SIZE as u64;
+        let placement = mem.write(addr, &entry).map_err(PostError::Fault)?;
+        let counter = if placement.cmb > 0 {
+            &stats.cq_entries_to_cmb
+        } else {
+            &stats.cq_entries_to_host
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Every queue by id; index 0 is the admin queue pair.
+pub(crate) struct QueueTable {
+    pub sqs: Vec<Option<Arc<SubmissionQueue>>>,
+    pub cqs: Vec<Option<Arc<CompletionQueue>>>,
+}
+
+impl QueueTable {
+    pub fn new(max_qid: u16) -> Self {
+        let n = usize::from(max_qid) + 1;
+        Self {
+            sqs: vec![None; n],
+            cqs: vec![None; n],
+        }
+    }
+
+    pub fn sq(&self, qid: u16) -> Option<&Arc<SubmissionQueue>> {
+        self.sqs.get(usize::from(qid)).and_then(Option::as_ref)
+    }
+
+    pub fn cq(&self, qid: u16) -> Option<&Arc<CompletionQueue>> {
+        self.cqs.get(usize::from(qid)).and_then(Option::as_ref)
+    }
+
+    /// Removes every queue and asks their workers to stop.
+    pub fn stop_all(&mut self) -> Vec<Arc<SubmissionQueue>> {
+        let sqs: Vec<_> = self.sqs.iter_mut().filter_map(Option::take).collect();
+        for sq in &sqs {
+            sq.request_stop();
+        }
+        for cq in self.cqs.iter_mut().filter_map(Option::take) {
+            cq.request_stop();
+        }
+        sqs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::CompletionEntry;
+    use crate::memory::testing::FakeGuestMemory;
+    use crate::memory::GuestMemory;
+    use crate::spec::Status;
+
+    fn router(guest: Arc<FakeGuestMemory>) -> DmaRouter {
+        DmaRouter::new(guest, None, Arc::new(Stats::default()))
+    }
+
+    fn read_cqe(g: &FakeGuestMemory, base: u64, i: u64) -> CompletionEntry {
+        let mut e = [0u8; 16];
+        g.read(base + i * 16, &mut e).unwrap();
+        CompletionEntry::decode(&e)
+    }
+
+    #[test]
+    fn phase_flips_on_wrap_and_full_queue_waits_for_the_head() {
+        let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
+        let mem = router(g.clone());
+        let stats = Stats::default();
+        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 3, 1, true, false));
+        let ok = Completion::success();
+        cq.post(&mem, &stats, &ok, 1, 1, 10).unwrap();
+        cq.post(&mem, &stats, &ok, 2, 1, 11).unwrap();
+        assert!(read_cqe(&g, 0x1000, 0).phase && read_cqe(&g, 0x1000, 1).phase);
+        assert_eq!(read_cqe(&g, 0x1000, 1).cid, 11);
+        // Three entries, two posted, head 0: full (one slot stays empty).
+        assert!(cq.head_is_valid(2));
+        assert!(!cq.head_is_valid(3), "beyond the queue");
+        let poster = {
+            let cq = cq.clone();
+            let mem = router(g.clone());
+            std::thread::spawn(move || {
+                let stats = Stats::default();
+                cq.post(
+                    &mem,
+                    &stats,
+                    &Completion::error(Status::INVALID_FIELD),
+                    3,
+                    1,
+                    12,
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !poster.is_finished(),
+            "posting waits while the queue is full"
+        );
+        cq.head.store(1, Ordering::Release);
+        cq.space.notify();
+        poster.join().unwrap().unwrap();
+        let third = read_cqe(&g, 0x1000, 2);
+        assert_eq!((third.cid, third.phase), (12, true));
+        assert_eq!(third.status, Status::INVALID_FIELD);
+        cq.head.store(3 % 3, Ordering::Release);
+        cq.post(&mem, &stats, &ok, 4, 1, 13).unwrap();
+        let wrapped = read_cqe(&g, 0x1000, 0);
+        assert_eq!(
+            (wrapped.cid, wrapped.phase),
+            (13, false),
+            "phase inverted after wrap"
+        );
+    }
+
+    #[test]
+    fn head_doorbell_cannot_pass_posted_entries() {
+        let cq = CompletionQueue::new(1, 0, 8, 0, true, false);
+        cq.tail.store(3, Ordering::Release);
+        assert!(cq.head_is_valid(3));
+        assert!(cq.head_is_valid(0));
+        assert!(!cq.head_is_valid(4));
+        cq.head.store(6, Ordering::Release);
+        cq.tail.store(1, Ordering::Release);
+        assert!(cq.head_is_valid(0), "wrapped");
+        assert!(!cq.head_is_valid(2));
+        assert!(!cq.head_is_valid(5), "going backwards");
+    }
+
+    #[test]
+    fn a_stopped_queue_drops_completions_even_when_full() {
+        let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
+        let mem = router(g);
+        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 2, 1, true, false));
+        let stats = Stats::default();
+        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1)
+            .unwrap();
+        let waiter = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                let stats = Stats::default();
+                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        cq.request_stop();
+        assert!(matches!(waiter.join().unwrap(), Err(PostError::Stopped)));
+    }
+
+    #[test]
+    fn shadow_slots_follow_the_doorbell_layout() {
+        let s = Shadow::for_queue((0x10000, 0x20000), 3, true);
+        assert_eq!(s.doorbell, 0x10000 + 28);
+        assert_eq!(s.event_idx, 0x20000 + 28);
+    }
+}

@@ -1,0 +1,180 @@
+//! Counters a tester reads from the host side to see what the controller
+//! really did: which commands ran, where submission queue entries and data
+//! came from (the CMB or guest memory), interrupts, doorbells.
+//!
+//! [`Stats`] holds live atomics updated on the hot paths; [`StatsSnapshot`]
+//! is a consistent-enough copy with the controller's state, serialised as
+//! JSON by the server binary (`--stats-file`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        /// A plain copy of [`Stats`].
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            pub fn counters(&self) -> Counters {
+                Counters { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Register reads and writes on BAR0 (doorbells included).
+    register_reads,
+    register_writes,
+    /// Doorbell writes, and those refused (bad queue or value).
+    doorbell_writes,
+    invalid_doorbell_writes,
+    /// Controller enables (CC.EN 0->1), resets (1->0 or function reset),
+    /// normal shutdowns (CC.SHN), and resets without a shutdown first.
+    enables,
+    resets,
+    shutdowns,
+    unsafe_shutdowns,
+    /// Commands completed, per queue type, and those with an error status.
+    admin_commands,
+    io_commands,
+    failed_commands,
+    /// I/O commands by kind.
+    read_commands,
+    write_commands,
+    flush_commands,
+    compare_commands,
+    verify_commands,
+    write_zeroes_commands,
+    dsm_commands,
+    /// Logical block data moved for Read (to the host) and Write (from it).
+    bytes_read,
+    bytes_written,
+    /// Data-pointer bytes that landed in the CMB / in guest memory.
+    data_to_cmb_bytes,
+    data_from_cmb_bytes,
+    data_to_host_bytes,
+    data_from_host_bytes,
+    /// Submission queue entries fetched from the CMB / from guest memory.
+    sq_entries_from_cmb,
+    sq_entries_from_host,
+    /// Completion queue entries posted into the CMB / into guest memory.
+    cq_entries_to_cmb,
+    cq_entries_to_host,
+    /// I/O submission / completion queues created in the CMB or host memory.
+    io_sqs_created_in_cmb,
+    io_sqs_created_in_host,
+    io_cqs_created_in_cmb,
+    io_cqs_created_in_host,
+    /// All DMA bytes, by target.
+    cmb_read_bytes,
+    cmb_write_bytes,
+    host_read_bytes,
+    host_write_bytes,
+    /// Guest-memory accesses that failed.
+    dma_faults,
+    /// MSI-X vectors signalled.
+    interrupts,
+    /// Asynchronous events completed to the host.
+    async_events,
+    /// Backing store operations that failed (EIO, ENOSPC...).
+    backend_errors,
+}
+
+/// The CMB as the tester wants to see it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CmbSnapshot {
+    /// Configured size in bytes (0 = no CMB).
+    pub size: u64,
+    /// Where the guest placed the CMB BAR, from config space.
+    pub bar_address: Option<u64>,
+    /// CMBMSC.CMSE: controller accesses to CBA are decoded as the CMB.
+    pub cmse: bool,
+    /// CMBMSC.CBA as latched.
+    pub cba: Option<u64>,
+    pub sq_entries_fetched: u64,
+    pub cq_entries_posted: u64,
+    pub io_sqs_created: u64,
+    pub io_cqs_created: u64,
+    /// Data bytes written into / read out of the CMB by commands.
+    pub data_bytes_to: u64,
+    pub data_bytes_from: u64,
+    pub dma_read_bytes: u64,
+    pub dma_write_bytes: u64,
+}
+
+/// Guest (host) memory traffic, the counterpart of [`CmbSnapshot`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HostMemorySnapshot {
+    pub sq_entries_fetched: u64,
+    pub cq_entries_posted: u64,
+    pub io_sqs_created: u64,
+    pub io_cqs_created: u64,
+    pub data_bytes_to: u64,
+    pub data_bytes_from: u64,
+    pub dma_read_bytes: u64,
+    pub dma_write_bytes: u64,
+    pub dma_faults: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControllerSnapshot {
+    pub enabled: bool,
+    pub ready: bool,
+    pub cc: u32,
+    pub csts: u32,
+    /// Shadow doorbells configured (Doorbell Buffer Config).
+    pub shadow_doorbells: bool,
+}
+
+/// One live submission queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueSnapshot {
+    pub sqid: u16,
+    pub cqid: u16,
+    pub entries: u32,
+    pub base: u64,
+    pub in_cmb: bool,
+    pub cq_in_cmb: bool,
+    pub fetched: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NamespaceSnapshot {
+    pub nsid: u32,
+    pub block_size: u32,
+    pub blocks: u64,
+    pub backing: String,
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+/// Everything, ready for JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsSnapshot {
+    pub uptime_ms: u64,
+    pub controller: ControllerSnapshot,
+    pub cmb: CmbSnapshot,
+    pub host: HostMemorySnapshot,
+    pub queues: Vec<QueueSnapshot>,
+    pub namespaces: Vec<NamespaceSnapshot>,
+    pub counters: Counters,
+}
+
+impl StatsSnapshot {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}

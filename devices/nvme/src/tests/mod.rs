@@ -1,0 +1,8 @@
+//! Controller-level tests: a small host driver ([`harness`]) drives the
+//! controller through its registers and queues in fake guest memory.
+
+mod admin_cmds;
+mod doorbells;
+mod harness;
+mod io_cmds;
+mod registers;
