@@ -324,8 +324,7 @@ impl Lab {
         lifetime: Lifetime,
     ) -> Result<()> {
         let run = &self.run_dir;
-        let initramfs = run.join("initramfs.img");
-        setup::compose_initramfs(&self.paths, &initramfs)?;
+        let initramfs = setup::boot_initramfs(&self.paths)?;
         let kernel = options
             .kernel
             .clone()

@@ -4,7 +4,7 @@
 //! `scripts/setup-guest-env` and `scripts/build-guest-overlay`; both are
 //! idempotent and return at once when nothing changed.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -72,19 +72,46 @@ pub fn ensure_overlay(paths: &LabPaths) -> Result<()> {
     Ok(())
 }
 
-/// Concatenates the base initramfs and the overlay (the kernel unpacks
-/// concatenated cpio archives in order) into `dest`.
-pub fn compose_initramfs(paths: &LabPaths, dest: &Path) -> Result<()> {
-    let mut out =
-        std::fs::File::create(dest).with_context(|| format!("creating {}", dest.display()))?;
-    for part in [paths.base_initramfs(), paths.overlay_initramfs()] {
-        if !part.exists() {
-            continue;
-        }
-        let mut input =
-            std::fs::File::open(&part).with_context(|| format!("opening {}", part.display()))?;
-        std::io::copy(&mut input, &mut out)
-            .with_context(|| format!("copying {}", part.display()))?;
+/// The initramfs a boot uses: the base archive followed by the overlay
+/// (the kernel unpacks concatenated cpio archives in order). It is composed
+/// once into the cache and reused until an input changes. The uncompressed
+/// base is preferred: it reaches user space about a second sooner under TCG.
+pub fn boot_initramfs(paths: &LabPaths) -> Result<PathBuf> {
+    let env = paths.guest_env();
+    let base = [env.join("initramfs.cpio"), paths.base_initramfs()]
+        .into_iter()
+        .find(|p| p.is_file())
+        .context("the guest environment has no initramfs")?;
+    let overlay = paths.overlay_initramfs();
+    let parts: Vec<PathBuf> = [base, overlay]
+        .into_iter()
+        .filter(|p| p.is_file())
+        .collect();
+    let composed = env.join("boot-initramfs.img");
+    let newest_input = parts
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max();
+    let current = std::fs::metadata(&composed)
+        .and_then(|m| m.modified())
+        .ok()
+        .zip(newest_input)
+        .is_some_and(|(out, input)| out > input);
+    if current {
+        return Ok(composed);
     }
-    Ok(())
+    let tmp = env.join(format!(".boot-initramfs.{}", std::process::id()));
+    {
+        let mut out =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        for part in &parts {
+            let mut input =
+                std::fs::File::open(part).with_context(|| format!("opening {}", part.display()))?;
+            std::io::copy(&mut input, &mut out)
+                .with_context(|| format!("copying {}", part.display()))?;
+        }
+    }
+    std::fs::rename(&tmp, &composed)
+        .with_context(|| format!("installing {}", composed.display()))?;
+    Ok(composed)
 }
