@@ -1,0 +1,231 @@
+//! Issue 4 end to end: the unmodified guest kernel moves data NVMe → GPU
+//! BAR, GPU BAR → NVMe and NVMe → NVMe through a CMB with user-space P2PDMA
+//! (O_DIRECT on a p2pmem mapping). Every transfer is checked on both sides:
+//! what the guest reads back or the GPU's checksum engine computes, and what
+//! the device servers counted.
+
+mod common;
+
+use common::{run_guest, test_state_dir, Boot, GuestRun};
+use serde_json::Value;
+
+/// Guest helpers shared by the scripts: find functions by PCI class.
+const PRELUDE: &str = r#"
+set -u
+by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
+nvme0_bdf=$(basename "$(readlink -f /sys/class/nvme/nvme0/device)")
+gpu_bdf=$(by_class 0x030200 | head -n1)
+MiB=1048576
+"#;
+
+const LAB_SCRIPT: &str = r#"
+[ -n "$gpu_bdf" ] || { echo "no GPU"; lspci -nn; exit 1; }
+gpu=/sys/bus/pci/devices/$gpu_bdf
+echo "GPU_P2P_PUBLISHED=$(cat $gpu/p2pmem/published)"
+echo "GPU_P2P_SIZE=$(cat $gpu/p2pmem/size)"
+echo "GPU_P2P_AVAILABLE=$(cat $gpu/p2pmem/available)"
+echo "GPU_P2P_ADDED=$(dmesg | grep -c "$gpu_bdf: added peer-to-peer DMA memory")"
+
+# 1. NVMe -> GPU: a known pattern on the namespace, read with O_DIRECT into
+#    GPU p2pmem in 1 MiB chunks; the GPU's engine checksums the bytes in VRAM.
+dd if=/dev/urandom of=/tmp/pattern bs=1M count=64 2>/dev/null
+dd if=/tmp/pattern of=/dev/nvme0n1 bs=1M oflag=direct 2>/dev/null
+echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
+p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 64M --chunk 1M \
+  --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/n2g.crc' \
+  > /run/p2plab/n2g.out 2>&1; echo "N2G_STATUS=$?"
+sed 's/^/N2G_/' /run/p2plab/n2g.out
+echo "N2G_GPU_CRC=$(cat /run/p2plab/n2g.crc)"
+
+# 5. Sizes: thousands of 4 KiB transfers, with two threads (6. load).
+p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 16M --chunk 4K --threads 2 \
+  --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/small.crc' \
+  > /run/p2plab/small.out 2>&1; echo "SMALL_STATUS=$?"
+sed 's/^/SMALL_/' /run/p2plab/small.out
+echo "SMALL_EXPECTED_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern 0 16M)"
+echo "SMALL_GPU_CRC=$(cat /run/p2plab/small.crc)"
+
+# 2. GPU -> NVMe: the GPU's engine fills p2pmem in VRAM, O_DIRECT writes it
+#    to the namespace at 128 MiB, four threads at once; normal I/O reads back.
+p2plab-p2pio --p2pmem $gpu_bdf write --dev /dev/nvme0n1 --offset 128M --len 64M --chunk 1M --threads 4 \
+  --hook 'p2plab-gpu-tool fill32 $P2P_BAR_OFFSET $P2P_LEN 0x5a17c0de && p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/g2n.crc' \
+  > /run/p2plab/g2n.out 2>&1; echo "G2N_STATUS=$?"
+sed 's/^/G2N_/' /run/p2plab/g2n.out
+echo 3 > /proc/sys/vm/drop_caches
+dd if=/dev/nvme0n1 of=/tmp/back bs=1M skip=128 count=64 2>/dev/null
+echo "G2N_READBACK_CRC=$(p2plab-gpu-tool crc32c /tmp/back)"
+echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc)"
+
+# The driver survives unbind/bind and unload/load with p2pmem in use before.
+for i in 1 2 3; do
+  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/unbind
+  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/bind
+done
+for i in 1 2; do rmmod p2plab_gpu && modprobe p2plab_gpu; done
+sleep 0.5
+echo "REBOUND_PUBLISHED=$(cat $gpu/p2pmem/published 2>/dev/null)"
+echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t')"
+exit 0
+"#;
+
+fn stats(run: &GuestRun, id: &str) -> Value {
+    let text = common::server_stats(run, id);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{id}.stats.json ({e}): {text}"))
+}
+
+/// A counter found by key anywhere in a stats document.
+fn counter(v: &Value, key: &str) -> u64 {
+    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+        match v {
+            Value::Object(map) => map
+                .get(key)
+                .or_else(|| map.values().find_map(|child| find(child, key))),
+            _ => None,
+        }
+    }
+    find(v, key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no counter {key} in {v}"))
+}
+
+#[test]
+fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
+    let state = test_state_dir("p2p-lab");
+    let script = format!("{PRELUDE}{LAB_SCRIPT}");
+    let run = run_guest(
+        "lab",
+        &script,
+        Boot {
+            state: Some(state.clone()),
+            ..Boot::default()
+        },
+    );
+    run.expect("GPU_P2P_PUBLISHED", "1");
+    run.expect("GPU_P2P_ADDED", "1");
+    assert_eq!(run.fact_u64("GPU_P2P_SIZE"), 1 << 30);
+
+    // NVMe -> GPU: the bytes are in VRAM (engine checksum), no I/O errors.
+    run.expect("N2G_STATUS", "0");
+    run.expect("N2G_P2P_BAR", "2");
+    run.expect("N2G_ERRORS", "0");
+    assert_eq!(run.fact_u64("N2G_BYTES"), 64 << 20);
+    run.expect("N2G_GPU_CRC", run.fact("PATTERN_CRC"));
+
+    // Thousands of 4 KiB transfers, two threads.
+    run.expect("SMALL_STATUS", "0");
+    assert_eq!(run.fact_u64("SMALL_IOS"), 4096);
+    run.expect("SMALL_GPU_CRC", run.fact("SMALL_EXPECTED_CRC"));
+
+    // GPU -> NVMe: read back through normal I/O, and on the host.
+    run.expect("G2N_STATUS", "0");
+    run.expect("G2N_ERRORS", "0");
+    run.expect("G2N_READBACK_CRC", run.fact("G2N_GPU_CRC"));
+    let image = std::fs::read(state.join("nvme0n1.img")).expect("nvme0 backing file");
+    let written = &image[128 << 20..192 << 20];
+    assert!(
+        written
+            .chunks(4)
+            .all(|w| w == 0x5a17_c0de_u32.to_le_bytes()),
+        "the backing file holds the GPU's fill pattern"
+    );
+
+    // The NVMe server moved those bytes to and from guest-physical addresses
+    // in the GPU's BAR2 (fd-less peer memory, reached through QEMU), not RAM.
+    let nvme = stats(&run, "nvme0");
+    assert!(
+        counter(&nvme, "dma_message_write_bytes") >= (64 + 16) << 20,
+        "{nvme}"
+    );
+    assert!(
+        counter(&nvme, "dma_message_read_bytes") >= 64 << 20,
+        "{nvme}"
+    );
+    let gpu = stats(&run, "gpu0");
+    assert!(
+        counter(&gpu, "bytes_checksummed") >= (64 + 64 + 16) << 20,
+        "{gpu}"
+    );
+    assert!(counter(&gpu, "bytes_filled") >= 64 << 20, "{gpu}");
+
+    // Driver lifecycle.
+    run.expect("REBOUND_PUBLISHED", "1");
+    run.expect("KERNEL_COMPLAINTS", "0");
+}
+
+const CMB_SCRIPT: &str = r#"
+nvme1_bdf=$(basename "$(readlink -f /sys/class/nvme/nvme1/device)")
+echo "NVME1_P2P_PUBLISHED=$(cat /sys/bus/pci/devices/$nvme1_bdf/p2pmem/published)"
+# 3. NVMe -> NVMe through nvme1's CMB: 64 MiB in 1 MiB chunks, two threads.
+dd if=/dev/urandom of=/tmp/pattern bs=1M count=64 2>/dev/null
+dd if=/tmp/pattern of=/dev/nvme0n1 bs=1M oflag=direct 2>/dev/null
+p2plab-p2pio --p2pmem $nvme1_bdf copy --src /dev/nvme0n1 --dst /dev/nvme1n1 --len 64M --chunk 1M \
+  --threads 2 --buffer 8M > /run/p2plab/cmb.out 2>&1; echo "CMB_STATUS=$?"
+sed 's/^/CMB_/' /run/p2plab/cmb.out
+echo 3 > /proc/sys/vm/drop_caches
+echo "SRC_SUM=$(dd if=/dev/nvme0n1 bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+echo "DST_SUM=$(dd if=/dev/nvme1n1 bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+echo "PATTERN_SUM=$(md5sum < /tmp/pattern | cut -d' ' -f1)"
+exit 0
+"#;
+
+#[test]
+fn nvme_to_nvme_through_a_cmb() {
+    let script = format!("{PRELUDE}{CMB_SCRIPT}");
+    let run = run_guest("two-nvme", &script, Boot::default());
+    run.expect("NVME1_P2P_PUBLISHED", "1");
+    run.expect("CMB_STATUS", "0");
+    run.expect("CMB_ERRORS", "0");
+    assert_eq!(run.fact_u64("CMB_BYTES"), 64 << 20);
+    run.expect("SRC_SUM", run.fact("PATTERN_SUM"));
+    run.expect("DST_SUM", run.fact("PATTERN_SUM"));
+    // nvme0 wrote into nvme1's CMB through QEMU; nvme1 served its own CMB
+    // locally when it fetched the write data.
+    let nvme0 = stats(&run, "nvme0");
+    let nvme1 = stats(&run, "nvme1");
+    assert!(
+        counter(&nvme0, "dma_message_write_bytes") >= 64 << 20,
+        "{nvme0}"
+    );
+    assert!(
+        counter(&nvme1, "dma_local_read_bytes") >= 64 << 20,
+        "{nvme1}"
+    );
+}
+
+const REFUSED_SCRIPT: &str = r#"
+dmesg -C
+p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 1M --chunk 1M > /run/p2plab/refused.out 2>&1
+echo "REFUSED_STATUS=$?"
+sed 's/^/REFUSED_/' /run/p2plab/refused.out
+echo "REFUSED_DMESG=$(dmesg | grep -c -i 'peer-to-peer\|p2pdma')"
+dmesg | tail -n 20
+exit 0
+"#;
+
+/// 4. Topology: with the devices on separate root ports of the q35 host
+/// bridge (not whitelisted) and an Intel vCPU, the kernel refuses P2P. The
+/// user sees an error, not a silent bounce through RAM.
+#[test]
+fn separate_root_ports_refuse_p2p() {
+    let script = format!("{PRELUDE}{REFUSED_SCRIPT}");
+    let run = run_guest("separate-root-ports", &script, Boot::default());
+    assert_ne!(run.fact("REFUSED_STATUS"), "0", "the transfer must fail");
+    let errors = run.outcome.output.to_lowercase();
+    assert!(
+        errors.contains("remote i/o error")
+            || errors.contains("input/output error")
+            || errors.contains("p2pmem"),
+        "the user sees an I/O error: {}",
+        run.output()
+    );
+    assert!(
+        run.fact_u64("REFUSED_DMESG") >= 1,
+        "the kernel says why in dmesg"
+    );
+    let nvme = stats(&run, "nvme0");
+    assert_eq!(
+        counter(&nvme, "dma_message_write_bytes"),
+        0,
+        "no bytes reached the GPU BAR"
+    );
+}
