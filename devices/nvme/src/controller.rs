@@ -294,15 +294,13 @@ impl NvmeController {
 
     /// Function-level reset (FLR, DEVICE_RESET, client disconnect): like
     /// clearing CC.EN, and the CMB controls go back to their reset values.
+    /// The CMB BAR is unprogrammed until config space says otherwise.
     pub fn reset(&self) {
         let mut regs = crate::lock(&self.shared.regs);
         info!("controller function reset");
         self.shared.stop_queues(&mut regs);
-        let cmb_bar = regs.cmb_bar;
-        *regs = Regs {
-            cmb_bar,
-            ..Regs::default()
-        };
+        // Config space is back to power-on state too: BARs unprogrammed.
+        *regs = Regs::default();
         self.shared.mem.set_window(None);
         self.shared.fatal.store(false, Ordering::Release);
         self.shared.power_cycles.fetch_add(1, Ordering::Relaxed);

@@ -22,6 +22,7 @@ pub mod identify;
 pub mod logs;
 pub mod memory;
 pub mod namespace;
+pub mod server;
 pub mod spec;
 pub mod stats;
 

@@ -1,0 +1,313 @@
+//! The controller as a PCI function served over vfio-user: config space,
+//! BAR dispatch and adapters from the transport's DMA space, shared memory
+//! and interrupt controller to the model's small traits.
+//!
+//! BAR0 holds the registers, doorbells and the MSI-X table and PBA (on their
+//! own pages). BAR2, 64-bit prefetchable, is the CMB: a memfd QEMU maps, so
+//! guest CPU accesses never trap.
+
+use std::sync::Arc;
+
+use p2plab_pci::{
+    BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
+    MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+};
+use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory};
+use tracing::{debug, info};
+
+use crate::config::ControllerConfig;
+use crate::controller::{Interrupts, NvmeController};
+use crate::memory::{DmaFault, GuestMemory, RegionMemory};
+use crate::namespace::Namespace;
+
+/// BAR holding the CMB (CMBLOC.BIR).
+pub const CMB_BAR: u8 = 2;
+
+/// PCI identity of the function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciIds {
+    pub vendor_id: u16,
+    pub device_id: u16,
+    pub subsystem_vendor_id: u16,
+    pub subsystem_id: u16,
+    pub revision: u8,
+}
+
+impl Default for PciIds {
+    /// Red Hat's (QEMU's) vendor ID with a device ID of our own: Linux
+    /// keys quirks on 1b36:0010 (QEMU's nvme), which must not apply here.
+    /// The nvme driver binds by class code.
+    fn default() -> Self {
+        Self {
+            vendor_id: 0x1b36,
+            device_id: 0x00fe,
+            subsystem_vendor_id: 0x1b36,
+            subsystem_id: 0x00fe,
+            revision: 1,
+        }
+    }
+}
+
+/// Guest memory through the vfio-user DMA space.
+pub struct DmaSpaceMemory(pub DmaSpace);
+
+impl GuestMemory for DmaSpaceMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        self.0
+            .read(addr, buf)
+            .map_err(|e| DmaFault::new(addr, buf.len() as u64, e.to_string()))
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
+        self.0
+            .write(addr, data)
+            .map_err(|e| DmaFault::new(addr, data.len() as u64, e.to_string()))
+    }
+}
+
+/// The CMB: the first `size` bytes of the memfd behind BAR2 (the BAR itself
+/// is rounded up to a power of two).
+pub struct SharedCmb {
+    memory: Arc<SharedMemory>,
+    size: u64,
+}
+
+impl SharedCmb {
+    pub fn new(memory: Arc<SharedMemory>, size: u64) -> Self {
+        Self { memory, size }
+    }
+}
+
+impl RegionMemory for SharedCmb {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        self.memory
+            .read_at(offset, buf)
+            .map_err(|e| DmaFault::new(offset, buf.len() as u64, e.to_string()))
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
+        self.memory
+            .write_at(offset, data)
+            .map_err(|e| DmaFault::new(offset, data.len() as u64, e.to_string()))
+    }
+}
+
+/// MSI-X (or INTx) through p2plab-pci's interrupt controller.
+pub struct PciInterrupts(pub Arc<InterruptController>);
+
+impl Interrupts for PciInterrupts {
+    fn notify(&self, vector: u16) {
+        let delivery = self.0.notify(vector);
+        tracing::trace!(vector, ?delivery, "interrupt");
+    }
+}
+
+/// The NVMe controller as a [`PciModel`].
+pub struct NvmeFunction {
+    controller: Arc<NvmeController>,
+    cmb: Option<Arc<SharedMemory>>,
+}
+
+impl NvmeFunction {
+    pub fn controller(&self) -> &Arc<NvmeController> {
+        &self.controller
+    }
+}
+
+fn dma_error(fault: DmaFault) -> DeviceError {
+    debug!(%fault, "CMB access refused");
+    DeviceError::invalid("access outside the CMB")
+}
+
+impl PciModel for NvmeFunction {
+    fn bar_read(&mut self, bar: u8, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
+        match bar {
+            0 => {
+                self.controller.read_bar0(offset, data);
+                Ok(())
+            }
+            CMB_BAR => match &self.cmb {
+                // The whole BAR is backed, the part past the CMB too.
+                Some(memory) => memory
+                    .read_at(offset, data)
+                    .map_err(|_| DeviceError::invalid("access outside BAR2")),
+                None => self.controller.read_cmb(offset, data).map_err(dma_error),
+            },
+            _ => Err(DeviceError::invalid("no such BAR")),
+        }
+    }
+
+    fn bar_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        match bar {
+            0 => {
+                self.controller.write_bar0(offset, data);
+                Ok(())
+            }
+            CMB_BAR => match &self.cmb {
+                Some(memory) => memory
+                    .write_at(offset, data)
+                    .map_err(|_| DeviceError::invalid("access outside BAR2")),
+                None => self.controller.write_cmb(offset, data).map_err(dma_error),
+            },
+            _ => Err(DeviceError::invalid("no such BAR")),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.controller.reset();
+    }
+
+    fn config_changed(&mut self, change: &ConfigChange) {
+        match change {
+            ConfigChange::BarMoved {
+                index: CMB_BAR,
+                new,
+                ..
+            } => self.controller.set_cmb_bar_address(*new),
+            ConfigChange::CommandChanged { new, .. } => {
+                debug!(
+                    memory = new.memory_enabled(),
+                    bus_master = new.bus_master(),
+                    "PCI command"
+                );
+            }
+            _ => {}
+        }
+    }
+
+    fn bar_backing(&self, bar: u8) -> Option<BarBacking> {
+        match (bar, &self.cmb) {
+            (CMB_BAR, Some(memory)) => Some(BarBacking {
+                fd: memory.fd(),
+                fd_offset: 0,
+                areas: Vec::new(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Config space: NVMe class code, BAR0 (64-bit), the CMB BAR (64-bit
+/// prefetchable), PM, MSI-X with one vector per queue pair, PCIe endpoint.
+pub fn config_space(cfg: &ControllerConfig, ids: &PciIds) -> Result<ConfigSpace, String> {
+    let layout = cfg.bar0_layout();
+    let mut builder = ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
+        .subsystem(ids.subsystem_vendor_id, ids.subsystem_id)
+        .class_code(0x01, 0x08, 0x02)
+        .revision(ids.revision)
+        .bar(0, BarSpec::memory64(layout.size))
+        .power_management()
+        .msix(MsixCapSpec {
+            vectors: cfg.msix_vectors(),
+            table_bar: 0,
+            table_offset: layout.msix_table_offset as u32,
+            pba_bar: 0,
+            pba_offset: layout.msix_pba_offset as u32,
+        })
+        .pcie(PcieCapSpec::default());
+    if let Some(size) = cfg.cmb_bar_size() {
+        builder = builder.bar(usize::from(CMB_BAR), BarSpec::memory64(size).prefetchable());
+    }
+    builder.build().map_err(|e| e.0)
+}
+
+/// Why a device could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("PCI config space: {0}")]
+    Pci(String),
+    #[error("CMB memory: {0}")]
+    Memory(#[from] std::io::Error),
+}
+
+/// Builds the PCI function for a controller whose DMA goes through `dma`.
+pub fn nvme_function(
+    cfg: ControllerConfig,
+    ids: &PciIds,
+    namespaces: Vec<Arc<Namespace>>,
+    dma: DmaSpace,
+) -> Result<PciFunction<NvmeFunction>, BuildError> {
+    cfg.validate()?;
+    let config = config_space(&cfg, ids).map_err(BuildError::Pci)?;
+    let irq = InterruptController::for_config(&config);
+    let shared = match cfg.cmb_bar_size() {
+        Some(bar_size) => Some(Arc::new(SharedMemory::new("p2plab-nvme-cmb", bar_size)?)),
+        None => None,
+    };
+    let cmb: Option<Arc<dyn RegionMemory>> = shared
+        .as_ref()
+        .map(|m| Arc::new(SharedCmb::new(Arc::clone(m), cfg.cmb_size)) as Arc<dyn RegionMemory>);
+    info!(
+        cmb_mib = cfg.cmb_size >> 20,
+        bar0 = cfg.bar0_layout().size,
+        vectors = cfg.msix_vectors(),
+        namespaces = namespaces.len(),
+        "building NVMe function"
+    );
+    let controller = NvmeController::new(
+        cfg,
+        namespaces,
+        Arc::new(DmaSpaceMemory(dma)),
+        cmb,
+        Arc::new(PciInterrupts(Arc::clone(&irq))),
+    )?;
+    let model = NvmeFunction {
+        controller: Arc::new(controller),
+        cmb: shared,
+    };
+    PciFunction::from_parts(config, irq, model).map_err(|e| BuildError::Pci(e.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p2plab_vfio_user::Device;
+
+    #[test]
+    fn config_space_describes_an_nvme_function_with_a_cmb() {
+        let cfg = ControllerConfig::default();
+        let f = nvme_function(cfg, &PciIds::default(), Vec::new(), DmaSpace::new()).unwrap();
+        let c = f.config();
+        assert_eq!(c.read_u32(0x08).unwrap() >> 8, 0x01_08_02, "class code");
+        assert_eq!(c.bar_size(0), Some(16 << 10));
+        assert_eq!(c.bar_size(2), Some(64 << 20));
+        assert_eq!(
+            c.read_u32(0x18).unwrap() & 0xf,
+            0xc,
+            "BAR2: 64-bit prefetchable"
+        );
+        let msix = c.msix().unwrap();
+        assert_eq!(
+            (msix.vectors, msix.table_offset, msix.pba_offset),
+            (65, 0x2000, 0x3000)
+        );
+        let info = f.region_info(2).unwrap();
+        assert!(info.fd.is_some(), "CMB BAR is mmappable");
+        assert!(f.region_info(0).unwrap().fd.is_none(), "registers trap");
+    }
+
+    #[test]
+    fn bar_accesses_reach_the_controller_and_the_cmb() {
+        let cfg = ControllerConfig {
+            cmb_size: 6 << 20,
+            ..ControllerConfig::default()
+        };
+        let mut f = nvme_function(cfg, &PciIds::default(), Vec::new(), DmaSpace::new()).unwrap();
+        let mut vs = [0u8; 4];
+        f.region_read(0, 0x08, &mut vs).unwrap();
+        assert_eq!(u32::from_le_bytes(vs), 0x0001_0400);
+        // Trapped CMB accesses land in the shared memory, past the CMB too
+        // (BAR2 is 8 MiB for a 6 MiB CMB).
+        f.region_write(2, 7 << 20, &[1, 2, 3, 4]).unwrap();
+        let mut back = [0u8; 4];
+        f.region_read(2, 7 << 20, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3, 4]);
+        assert!(f.region_read(3, 0, &mut back).is_err());
+    }
+}
