@@ -91,6 +91,7 @@ struct p2plab_gpu {
 	 */
 	struct rw_semaphore hw_lock;
 	bool removing;
+	bool resetting;			/* between reset_prepare and reset_done */
 	bool dead;			/* under hw_lock */
 	bool broken;			/* the engine halted */
 
@@ -130,7 +131,13 @@ struct gpu_file {
 
 static bool gpu_stopping(struct p2plab_gpu *gpu)
 {
-	return READ_ONCE(gpu->removing) || READ_ONCE(gpu->broken);
+	return READ_ONCE(gpu->removing) || READ_ONCE(gpu->broken) || READ_ONCE(gpu->resetting);
+}
+
+/* Why a waiter gave up: the job was cancelled, or the device is gone. */
+static int stopping_error(struct p2plab_gpu *gpu)
+{
+	return READ_ONCE(gpu->resetting) && !READ_ONCE(gpu->removing) ? -ECANCELED : -ENODEV;
 }
 
 /* ---- DMA memory of jobs ---- */
@@ -279,7 +286,7 @@ static int submit_and_wait(struct p2plab_gpu *gpu, struct gpu_job_ctx **ctxp, u8
 	if (left <= 0 || gpu_stopping(gpu)) {
 		mutex_unlock(&gpu->submit_lock);
 		if (gpu_stopping(gpu))
-			return -ENODEV;
+			return stopping_error(gpu);
 		return left == 0 ? -ETIMEDOUT : -EINTR;
 	}
 	*timeout = left;
@@ -317,7 +324,7 @@ static int submit_and_wait(struct p2plab_gpu *gpu, struct gpu_job_ctx **ctxp, u8
 	}
 	if (!ctx_retired(gpu, ctx)) {
 		if (gpu_stopping(gpu))
-			ret = -ENODEV;
+			ret = stopping_error(gpu);
 		else
 			ret = left < 0 ? -EINTR : -ETIMEDOUT;
 		ctx_abandon(gpu, ctx);
@@ -855,6 +862,44 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 	put_device(&gpu->dev);
 }
 
+/*
+ * A function reset (e.g. /sys/bus/pci/devices/.../reset) wipes the device's
+ * registers. Jobs in flight are cancelled (ECANCELED), the ring is set up
+ * again afterwards.
+ */
+static void p2plab_gpu_reset_prepare(struct pci_dev *pdev)
+{
+	struct p2plab_gpu *gpu = pci_get_drvdata(pdev);
+
+	WRITE_ONCE(gpu->resetting, true);
+	wake_up_all(&gpu->wq);
+	down_write(&gpu->hw_lock);
+	if (engine_stop(gpu))
+		reap_zombies(gpu, true);
+}
+
+static void p2plab_gpu_reset_done(struct pci_dev *pdev)
+{
+	struct p2plab_gpu *gpu = pci_get_drvdata(pdev);
+
+	/* Only safe to reuse the ring if the engine really stopped before. */
+	if (!READ_ONCE(gpu->broken) && list_empty(&gpu->zombies)) {
+		if (engine_start(gpu))
+			WRITE_ONCE(gpu->broken, true);
+	} else {
+		WRITE_ONCE(gpu->broken, true);
+	}
+	if (READ_ONCE(gpu->broken))
+		dev_err(&pdev->dev, "engine not restarted after reset; rebind the driver\n");
+	WRITE_ONCE(gpu->resetting, false);
+	up_write(&gpu->hw_lock);
+}
+
+static const struct pci_error_handlers p2plab_gpu_err_handlers = {
+	.reset_prepare = p2plab_gpu_reset_prepare,
+	.reset_done = p2plab_gpu_reset_done,
+};
+
 static const struct pci_device_id p2plab_gpu_ids[] = {
 	{ PCI_DEVICE(P2PLAB_GPU_VENDOR_ID, P2PLAB_GPU_DEVICE_ID) },
 	{ }
@@ -866,6 +911,7 @@ static struct pci_driver p2plab_gpu_driver = {
 	.id_table = p2plab_gpu_ids,
 	.probe = p2plab_gpu_probe,
 	.remove = p2plab_gpu_remove,
+	.err_handler = &p2plab_gpu_err_handlers,
 };
 
 static int __init p2plab_gpu_init(void)

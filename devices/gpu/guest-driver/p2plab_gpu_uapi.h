@@ -83,6 +83,7 @@ struct p2plab_gpu_job {
  *   EINVAL     bad op, flags or range (checked before the device sees it)
  *   EFAULT     bad user pointer
  *   EPERM      a flag needs a capability the caller lacks
+ *   ECANCELED  a function reset of the device cancelled the job
  *   ENODEV     the device is gone (unbound) or its engine halted
  * fence, status and result are written back in every case where a job
  * reached the device.

@@ -310,7 +310,8 @@ impl Gpu {
                 vec![(offset, u32_le(data, 0)), (offset + 4, u32_le(data, 4))]
             }
             _ => {
-                tracing::warn!(
+                // Guest-triggered, so debug: a guest must not flood the log.
+                tracing::debug!(
                     offset,
                     len = data.len(),
                     "unsupported register write ignored"
@@ -334,7 +335,7 @@ impl Gpu {
         match offset {
             REG_SCRATCH => st.scratch = value,
             REG_RING_BASE_LO | REG_RING_BASE_HI | REG_RING_SIZE if st.enabled() => {
-                tracing::warn!(
+                tracing::debug!(
                     reg = reg_name(offset),
                     "ring geometry write ignored while enabled"
                 );
@@ -402,7 +403,7 @@ impl Gpu {
 
     fn write_tail(&self, st: &mut State, value: u32) {
         if !st.enabled() || st.halted {
-            tracing::warn!(value, "tail write ignored: ring disabled or halted");
+            tracing::debug!(value, "tail write ignored: ring disabled or halted");
             return;
         }
         if value >= st.ring_size {

@@ -70,6 +70,15 @@ check "  ... with status 0x3" grep -q 'status 0x3 ' /tmp/smoke.out
 expect_rc 2 "usage error" $T fill 0 1 300
 check "engine still healthy after errors" sh -c "$T nop >/dev/null && $T info | grep -q 'broken: no'"
 
+# A function reset while bound: the driver sets the engine up again.
+if [ -e "/sys/bus/pci/devices/$pci/reset" ]; then
+  echo 1 > "/sys/bus/pci/devices/$pci/reset" || bad "reset write"
+  check "engine usable after a function reset" sh -c "$T fill 0 4096 7 && test \$($T checksum 0 4096) = \$(head -c 4096 /dev/zero | tr '\\0' '\\7' | $T crc32c /dev/stdin)"
+  check "VRAM kept across the reset" test "$($T checksum 0x200000 5000000)" = "$($T crc32c /tmp/rand)"
+else
+  echo "skip function reset (no reset method)"
+fi
+
 # Unbind/bind and unload/load cycles, one with a file open across unbind.
 for i in 1 2 3; do
   echo "$pci" > /sys/bus/pci/drivers/p2plab_gpu/unbind || bad "unbind $i"
