@@ -70,6 +70,35 @@ check "  ... with status 0x3" grep -q 'status 0x3 ' /tmp/smoke.out
 expect_rc 2 "usage error" $T fill 0 1 300
 check "engine still healthy after errors" sh -c "$T nop >/dev/null && $T info | grep -q 'broken: no'"
 
+# The engine writes to a bus address: here its own BAR2 (served by the
+# server's local window), as it would write to a peer's BAR.
+bus=$($T info | sed -n 's/^vram_bus_addr: //p')
+$T -B raw 2 0x200000 $((bus + 0x6000000)) 1048576 >/dev/null
+check "engine copy to a bus address (own BAR2)" test "$($T checksum 0x6000000 1M)" = "$($T crc32c /tmp/rand 0 1M)"
+expect_rc 3 "bus-address jobs only for copies" $T -B raw 4 0 0 16
+
+# A job that times out leaves the engine usable (its memory is kept until
+# the device retires it).
+expect_rc 4 "timeout reported" $T -t 1 checksum 0 512M
+check "engine usable after a timeout" sh -c "$T nop >/dev/null && $T checksum 0x200000 5000000 >/dev/null"
+
+# Several processes at once, each verifying its own region.
+par() {
+  local i=$1 off=$((0x8000000 + $1 * 0x1000000)) n
+  head -c 3000000 /dev/urandom > /tmp/par$i
+  for n in 1 2 3; do
+    $T copy-to-vram /tmp/par$i $off 2>/dev/null || return 1
+    $T fill $((off + 0x800000)) 1M $((i * 16 + n)) || return 1
+    test "$($T checksum $off 3000000)" = "$($T crc32c /tmp/par$i)" || return 1
+    $T copy-from-vram $off 3000000 /tmp/parback$i && cmp -s /tmp/par$i /tmp/parback$i || return 1
+  done
+}
+pids=""
+for i in 0 1 2 3; do par $i & pids="$pids $!"; done
+pfail=0
+for p in $pids; do wait $p || pfail=$((pfail + 1)); done
+check "4 parallel submitters, all verified" test $pfail = 0
+
 # A function reset while bound: the driver sets the engine up again.
 if [ -e "/sys/bus/pci/devices/$pci/reset" ]; then
   echo 1 > "/sys/bus/pci/devices/$pci/reset" || bad "reset write"

@@ -38,7 +38,7 @@ static uint32_t job_flags;
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: p2plab-gpu-tool [-d DEVICE | -F FD] [-t TIMEOUT_MS] [-U] COMMAND [ARGS]\n"
+		"usage: p2plab-gpu-tool [-d DEVICE | -F FD] [-t TIMEOUT_MS] [-U] [-B] COMMAND [ARGS]\n"
 		"\n"
 		"  info                          device information\n"
 		"  fill OFF LEN BYTE             fill VRAM with a byte (engine)\n"
@@ -48,13 +48,14 @@ static void usage(FILE *out)
 		"  copy-from-vram OFF LEN FILE   copy VRAM into a file (engine)\n"
 		"  copy-vram SRC DST LEN         copy inside VRAM (engine, memmove)\n"
 		"  nop                           an empty job (fence round trip)\n"
-		"  raw OP SRC DST LEN [PATTERN]  send an unchecked job (needs -U and root)\n"
+		"  raw OP SRC DST LEN [PATTERN]  send a job as is (needs -U or -B, and root)\n"
 		"  mmap-fill OFF LEN BYTE        fill VRAM with the CPU through mmap\n"
 		"  mmap-checksum OFF LEN         CRC32C of VRAM read by the CPU through mmap\n"
 		"  crc32c FILE [OFF [LEN]]       CRC32C of a file (no device)\n"
 		"\n"
 		"Numbers: decimal or 0x hex, with an optional K, M, G or T suffix (binary).\n"
-		"-U sets P2PLAB_GPU_JOB_UNCHECKED. -F uses an inherited open fd of the device.\n"
+		"-U sets P2PLAB_GPU_JOB_UNCHECKED; -B sets P2PLAB_GPU_JOB_BUS_ADDR (raw copies:\n"
+		"the host side is a bus address, e.g. a peer BAR). -F uses an inherited open fd.\n"
 		"Default device: /dev/p2plab-gpu0.\n"
 		"Exit: 0 ok, 1 device error status, 2 usage, 3 system error, 4 timeout.\n");
 }
@@ -412,7 +413,7 @@ int main(int argc, char **argv)
 	const char *cmd;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "d:F:t:Uh")) != -1) {
+	while ((opt = getopt(argc, argv, "d:F:t:UBh")) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_path = optarg;
@@ -425,6 +426,9 @@ int main(int argc, char **argv)
 			break;
 		case 'U':
 			job_flags |= P2PLAB_GPU_JOB_UNCHECKED;
+			break;
+		case 'B':
+			job_flags |= P2PLAB_GPU_JOB_BUS_ADDR;
 			break;
 		case 'h':
 			usage(stdout);
@@ -501,8 +505,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "raw")) {
 		need(argc, 4, 5);
-		if (!(job_flags & P2PLAB_GPU_JOB_UNCHECKED))
-			die(EXIT_USAGE, "raw needs -U");
+		if (!job_flags)
+			die(EXIT_USAGE, "raw needs -U or -B");
 		return cmd_raw(open_dev(), argc, argv);
 	}
 	if (!strcmp(cmd, "mmap-fill")) {
