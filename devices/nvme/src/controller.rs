@@ -753,6 +753,7 @@ impl Shared {
                 command = name,
                 nsid = cmd.nsid(),
                 cdw10 = format_args!("{:#x}", cmd.cdw10()),
+                cdw11 = format_args!("{:#x}", cmd.cdw11()),
                 status = %c.status,
                 dw0 = format_args!("{:#x}", c.dw0),
                 "admin command"
