@@ -501,6 +501,10 @@ impl Shared {
             Some("AQA asks for an admin queue of one entry")
         } else if regs.asq & (page_size - 1) != 0 || regs.acq & (page_size - 1) != 0 {
             Some("ASQ or ACQ is not page aligned")
+        } else if regs.asq.checked_add(4096 * 64).is_none()
+            || regs.acq.checked_add(4096 * 16).is_none()
+        {
+            Some("an admin queue wraps the address space")
         } else {
             None
         };

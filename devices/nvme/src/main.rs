@@ -324,21 +324,28 @@ fn run(args: &Args, signals: Signals) -> Result<()> {
     Ok(())
 }
 
-/// The controller's snapshot plus which path the transport's DMA took.
+/// The controller's snapshot plus which path DMA took: mmapped guest
+/// memory, messages through the client (peer BARs, fd-less ranges), or
+/// served locally (the controller's own CMB).
 fn stats_json(controller: &NvmeController, dma: &DmaSpace) -> String {
-    let mut value = match serde_json::to_value(controller.stats()) {
+    let snapshot = controller.stats();
+    let d = dma.stats();
+    let local_read = snapshot.counters.cmb_read_bytes + d.local.read_bytes;
+    let local_write = snapshot.counters.cmb_write_bytes + d.local.write_bytes;
+    let mut value = match serde_json::to_value(snapshot) {
         Ok(v) => v,
         Err(e) => return format!("{{\"error\":\"{e}\"}}"),
     };
-    let d = dma.stats();
     if let Some(object) = value.as_object_mut() {
         object.insert(
-            "transport".into(),
+            "dma".into(),
             serde_json::json!({
-                "mmap_read_bytes": d.mmap.read_bytes,
-                "mmap_write_bytes": d.mmap.write_bytes,
-                "message_read_bytes": d.message.read_bytes,
-                "message_write_bytes": d.message.write_bytes,
+                "dma_mmap_read_bytes": d.mmap.read_bytes,
+                "dma_mmap_write_bytes": d.mmap.write_bytes,
+                "dma_message_read_bytes": d.message.read_bytes,
+                "dma_message_write_bytes": d.message.write_bytes,
+                "dma_local_read_bytes": local_read,
+                "dma_local_write_bytes": local_write,
             }),
         );
     }

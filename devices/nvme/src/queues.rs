@@ -126,7 +126,9 @@ impl SubmissionQueue {
     }
 
     pub fn entry_address(&self, index: u32) -> u64 {
-        self.base + u64::from(index) * SQE_SIZE as u64
+        // Queue creation checks that the queue does not wrap the address
+        // space; wrapping here only keeps a bug from becoming a panic.
+        self.base.wrapping_add(u64::from(index) * SQE_SIZE as u64)
     }
 
     /// Tells the host (EventIdx) to ring the MMIO doorbell on its next
@@ -280,7 +282,7 @@ impl CompletionQueue {
         }
         self.tail.store(next, Ordering::Release);
         let entry = encode_cqe(completion, sq_head, sqid, cid, phase);
-        let addr = self.base + u64::from(tail) * CQE_SIZE as u64;
+        let addr = self.base.wrapping_add(u64::from(tail) * CQE_SIZE as u64);
         let placement = mem.write(addr, &entry).map_err(PostError::Fault)?;
         let counter = if placement.cmb > 0 {
             &stats.cq_entries_to_cmb

@@ -521,6 +521,18 @@ fn submission_queue_in_the_cmb_through_the_transport() {
     assert_eq!(stats["cmb"]["data_bytes_from"].as_u64(), Some(4096));
     assert_eq!(stats["cmb"]["bar_address"].as_u64(), Some(CMB_GPA));
     assert_eq!(stats["cmb"]["cba"].as_u64(), Some(CMB_GPA));
+    // Served locally: 2 SQ entries and the write's data; guest RAM through
+    // the client's mmapped fd, never through messages.
+    let dma = &stats["dma"];
+    assert!(
+        dma["dma_local_read_bytes"].as_u64().unwrap() >= 4096 + 2 * 64,
+        "{dma}"
+    );
+    assert!(
+        dma["dma_mmap_write_bytes"].as_u64().unwrap() >= 4096,
+        "{dma}"
+    );
+    assert_eq!(dma["dma_message_read_bytes"].as_u64(), Some(0), "{dma}");
     drop(g);
     assert!(server.stop_and_check().success());
 }

@@ -99,6 +99,14 @@ fn bad_admin_queue_settings_give_a_fatal_status() {
     h.write32(reg::CC, 0);
     h.write32(reg::CC, (6 << 16) | (4 << 20) | (5 << 7) | 1);
     assert_eq!(h.read32(reg::CSTS) & 0x3, 0x2, "page size above MPSMAX");
+    h.write32(reg::CC, 0);
+    h.write64_lo_hi(reg::ACQ, 0xffff_ffff_ffff_f000);
+    h.write32(reg::CC, (6 << 16) | (4 << 20) | 1);
+    assert_eq!(
+        h.read32(reg::CSTS) & 0x3,
+        0x2,
+        "ACQ wraps the address space"
+    );
 }
 
 #[test]
