@@ -1,6 +1,6 @@
 //! Admin command set, run on the admin queue's worker.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +16,9 @@ use crate::spec::{admin, aen, cc, feature, log, Status, CQES_LOG2, NSID_ALL, SQE
 use crate::{identify, lock};
 
 type Handled = Result<Completion, Status>;
+
+/// The admin queue is never deleted, only reset (which stops its CQ).
+static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// Runs one admin command. `None`: the command is parked (Asynchronous
 /// Event Request) and completes later through [`deliver_events`].
@@ -73,7 +76,7 @@ pub(crate) fn deliver_events(shared: &Shared, admin_cq: &CompletionQueue, sq_hea
         );
         let c = Completion::with_result(event.dword0());
         if admin_cq
-            .post(&shared.mem, &shared.stats, &c, sq_head, 0, cid)
+            .post(&shared.mem, &shared.stats, &c, sq_head, 0, cid, &NEVER)
             .is_err()
         {
             return;
@@ -516,7 +519,15 @@ fn abort(shared: &Shared, admin_cq: &CompletionQueue, cmd: &Command, sq_head: u1
     // "not aborted".
     if sqid == 0 && lock(&shared.admin).events.unpark(cid) {
         let aborted = Completion::error(Status::ABORT_REQUESTED);
-        let _ = admin_cq.post(&shared.mem, &shared.stats, &aborted, sq_head, 0, cid);
+        let _ = admin_cq.post(
+            &shared.mem,
+            &shared.stats,
+            &aborted,
+            sq_head,
+            0,
+            cid,
+            &NEVER,
+        );
         info!(cid, "asynchronous event request aborted");
         return Ok(Completion::with_result(0));
     }

@@ -828,6 +828,7 @@ impl Shared {
             let regs = crate::lock(&self.regs);
             (
                 ControllerSnapshot {
+                    serial: self.cfg.serial.clone(),
                     enabled: regs.cc & cc::EN != 0,
                     ready: self.csts(&regs) & csts::RDY != 0,
                     cc: regs.cc,

@@ -241,7 +241,10 @@ impl CompletionQueue {
     }
 
     /// Posts one completion, waiting while the queue is full. The phase
-    /// tag flips each time the tail wraps.
+    /// tag flips each time the tail wraps. `cancel` (the submission queue's
+    /// stop flag) abandons the wait too: a deleted queue's last completion
+    /// is dropped rather than blocking the deletion forever.
+    #[allow(clippy::too_many_arguments)]
     pub fn post(
         &self,
         mem: &DmaRouter,
@@ -250,10 +253,11 @@ impl CompletionQueue {
         sq_head: u16,
         sqid: u16,
         cid: u16,
+        cancel: &AtomicBool,
     ) -> Result<(), PostError> {
         let mut state = crate::lock(&self.post);
         loop {
-            if self.stopped() {
+            if self.stopped() || cancel.load(Ordering::Acquire) {
                 return Err(PostError::Stopped);
             }
             let tail = self.tail.load(Ordering::Acquire);
@@ -355,8 +359,8 @@ mod tests {
         let stats = Stats::default();
         let cq = Arc::new(CompletionQueue::new(1, 0x1000, 3, 1, true, false));
         let ok = Completion::success();
-        cq.post(&mem, &stats, &ok, 1, 1, 10).unwrap();
-        cq.post(&mem, &stats, &ok, 2, 1, 11).unwrap();
+        cq.post(&mem, &stats, &ok, 1, 1, 10, &NO_CANCEL).unwrap();
+        cq.post(&mem, &stats, &ok, 2, 1, 11, &NO_CANCEL).unwrap();
         assert!(read_cqe(&g, 0x1000, 0).phase && read_cqe(&g, 0x1000, 1).phase);
         assert_eq!(read_cqe(&g, 0x1000, 1).cid, 11);
         // Three entries, two posted, head 0: full (one slot stays empty).
@@ -374,6 +378,7 @@ mod tests {
                     3,
                     1,
                     12,
+                    &NO_CANCEL,
                 )
             })
         };
@@ -389,7 +394,7 @@ mod tests {
         assert_eq!((third.cid, third.phase), (12, true));
         assert_eq!(third.status, Status::INVALID_FIELD);
         cq.head.store(3 % 3, Ordering::Release);
-        cq.post(&mem, &stats, &ok, 4, 1, 13).unwrap();
+        cq.post(&mem, &stats, &ok, 4, 1, 13, &NO_CANCEL).unwrap();
         let wrapped = read_cqe(&g, 0x1000, 0);
         assert_eq!(
             (wrapped.cid, wrapped.phase),
@@ -412,19 +417,45 @@ mod tests {
         assert!(!cq.head_is_valid(5), "going backwards");
     }
 
+    static NO_CANCEL: AtomicBool = AtomicBool::new(false);
+
+    #[test]
+    fn a_deleted_submission_queue_abandons_a_full_completion_queue() {
+        let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
+        let mem = router(g);
+        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 2, 1, true, false));
+        let stats = Stats::default();
+        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, &NO_CANCEL)
+            .unwrap();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (cq, cancel) = (cq.clone(), cancel.clone());
+            std::thread::spawn(move || {
+                let stats = Stats::default();
+                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2, &cancel)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!waiter.is_finished());
+        cancel.store(true, Ordering::Release);
+        cq.space.notify();
+        assert!(matches!(waiter.join().unwrap(), Err(PostError::Stopped)));
+        assert!(!cq.stopped(), "the completion queue itself lives on");
+    }
+
     #[test]
     fn a_stopped_queue_drops_completions_even_when_full() {
         let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
         let mem = router(g);
         let cq = Arc::new(CompletionQueue::new(1, 0x1000, 2, 1, true, false));
         let stats = Stats::default();
-        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1)
+        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, &NO_CANCEL)
             .unwrap();
         let waiter = {
             let cq = cq.clone();
             std::thread::spawn(move || {
                 let stats = Stats::default();
-                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2)
+                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2, &NO_CANCEL)
             })
         };
         std::thread::sleep(Duration::from_millis(30));

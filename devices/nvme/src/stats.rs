@@ -129,6 +129,9 @@ pub struct HostMemorySnapshot {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ControllerSnapshot {
+    /// Identify SN: matches /sys/class/nvme/nvmeN/serial in the guest, to
+    /// tell which guest controller this server is.
+    pub serial: String,
     pub enabled: bool,
     pub ready: bool,
     pub cc: u32,

@@ -130,6 +130,7 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
             head as u16,
             sq.id,
             cmd.cid(),
+            &sq.stop,
         ) {
             Ok(()) => unsignalled += 1,
             Err(PostError::Stopped) => break,

@@ -483,6 +483,14 @@ fn bad_input_gets_exact_statuses_and_the_server_keeps_serving() {
     assert_eq!(counter(&stats, "invalid_doorbell_writes"), 4);
     assert_eq!(counter(&stats, "failed_commands"), 16);
     assert!(stats["controller"]["ready"].as_bool().unwrap());
+    let serial = stats["controller"]["serial"].as_str().unwrap().to_owned();
+    assert!(serial.starts_with("P2PLAB"), "default serial {serial}");
+    assert_eq!(g.status(0, identify), Status::SUCCESS);
+    assert_eq!(
+        g.mem_read(DATA + 4, serial.len()),
+        serial.as_bytes(),
+        "same as Identify SN"
+    );
 
     drop(g);
     let status = server.stop_and_check();

@@ -553,3 +553,29 @@ fn four_kib_namespaces_and_file_backing() {
     drop(h);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn deleting_a_queue_whose_completion_queue_is_full_does_not_hang() {
+    let mut h = Host::new();
+    h.enable();
+    assert_eq!(h.create_cq(1, RAM + 0x30_0000, 2, 1), Status::SUCCESS);
+    assert_eq!(h.create_sq(1, RAM + 0x20_0000, 16, 1), Status::SUCCESS);
+    for i in 0..4u64 {
+        let mut raw = *rw(op::READ, i, 1).prp1(DATA).build().as_bytes();
+        raw[2..4].copy_from_slice(&(200 + i as u16).to_le_bytes());
+        h.poke(RAM + 0x20_0000 + i * 64, &raw);
+    }
+    h.write32(0x1008, 4);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // One completion fits; the worker now waits for space that never comes.
+    let started = std::time::Instant::now();
+    let delete = CommandBuilder::new(crate::spec::admin::DELETE_SQ, 0)
+        .cdw(10, 1)
+        .build();
+    assert_eq!(h.admin(delete).status, Status::SUCCESS);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    let delete_cq = CommandBuilder::new(crate::spec::admin::DELETE_CQ, 0)
+        .cdw(10, 1)
+        .build();
+    assert_eq!(h.admin(delete_cq).status, Status::SUCCESS);
+}
