@@ -62,12 +62,16 @@ echo "IO_QUEUES=$(ls -d /sys/block/nvme0n1/mq/* | wc -l)"
 nvme smart-log /dev/nvme0 -o json > $out/smart.json
 nvme error-log /dev/nvme0 -e 8 -o json > $out/error-log.json
 nvme fw-log /dev/nvme0 -o json > $out/fw-log.json
-for f in 1 2 4 5 6 7 8 9 10 11 0xb; do
-  v=$(nvme get-feature /dev/nvme0 -f $f 2>&1 | grep -o 'Current value:[ ]*0x[0-9a-f]*' | grep -o '0x[0-9a-f]*')
-  echo "FEATURE_$f=${v:-error}"
-done
-nvme set-feature /dev/nvme0 -f 4 -v 0x150 >/dev/null 2>&1
-echo "FEATURE_4_AFTER_SET=$(nvme get-feature /dev/nvme0 -f 4 | grep -o 'Current value:[ ]*0x[0-9a-f]*' | grep -o '0x[0-9a-f]*')"
+# Error Recovery (5) is namespace specific: ask namespace 1 for it.
+feature() {
+  v=$(nvme get-feature /dev/nvme0 "$@" 2>&1 | sed -n 's/.*Current value:[ ]*\(0x\)\{0,1\}\([0-9a-fA-F]*\).*/0x\2/p')
+  echo "${v:-error}"
+}
+for f in 1 2 4 6 7 8 9 10 11; do echo "FEATURE_$f=$(feature -f $f)"; done
+echo "FEATURE_5=$(feature -f 5 -n 1)"
+echo "FEATURE_TIMESTAMP=$(nvme get-feature /dev/nvme0 -f 0xe -H 2>&1 | grep -c -i 'timestamp')"
+nvme set-feature /dev/nvme0 -f 4 --value=336 >/dev/null 2>&1
+echo "FEATURE_4_AFTER_SET=$(feature -f 4)"
 
 # The CMB: registered and published as p2pmem, I/O SQs placed in it.
 echo "CMBSZ=$(cat $ctrl/cmbsz)"
@@ -187,6 +191,7 @@ fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
     );
     let errors = json(&run, "error-log.json");
     assert!(errors.is_object() || errors.is_array());
+    assert_ne!(run.fact("FEATURE_TIMESTAMP"), "0", "timestamp feature");
     for f in ["1", "2", "4", "5", "6", "7", "8", "9", "10", "11"] {
         assert_ne!(
             run.fact(&format!("FEATURE_{f}")),

@@ -111,16 +111,15 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
     run
 }
 
-/// `KEY=VALUE` lines, KEY in upper case with digits and underscores.
+/// `KEY=VALUE` lines: KEY starts with an upper-case letter and has only
+/// letters, digits and underscores.
 pub fn parse_facts(output: &str) -> BTreeMap<String, String> {
     output
         .lines()
         .filter_map(|line| {
             let (key, value) = line.trim().split_once('=')?;
-            let is_key = !key.is_empty()
-                && key
-                    .chars()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            let is_key = key.starts_with(|c: char| c.is_ascii_uppercase())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             is_key.then(|| (key.to_owned(), value.trim().to_owned()))
         })
         .collect()
