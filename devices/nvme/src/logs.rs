@@ -124,7 +124,6 @@ const CSUPP: u32 = 1 << 0;
 const LBCC: u32 = 1 << 1;
 const NCC: u32 = 1 << 2;
 const NIC: u32 = 1 << 3;
-const CCC: u32 = 1 << 4;
 
 /// Commands Supported and Effects (05h) for the NVM command set: exactly
 /// the commands this controller implements.
@@ -138,7 +137,7 @@ pub fn commands_effects_page() -> Vec<u8> {
         (admin::CREATE_CQ, CSUPP),
         (admin::IDENTIFY, CSUPP),
         (admin::ABORT, CSUPP),
-        (admin::SET_FEATURES, CSUPP | CCC),
+        (admin::SET_FEATURES, CSUPP),
         (admin::GET_FEATURES, CSUPP),
         (admin::ASYNC_EVENT_REQUEST, CSUPP),
         (admin::DOORBELL_BUFFER_CONFIG, CSUPP),

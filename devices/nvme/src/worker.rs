@@ -139,8 +139,11 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
                 break;
             }
         }
-        // Signal now unless more commands were already waiting.
-        if head == tail || unsignalled >= MAX_UNSIGNALLED {
+        // Signal now unless more commands are waiting (they were already
+        // there, or the host queued some meanwhile): one interrupt then
+        // covers several completions.
+        if unsignalled >= MAX_UNSIGNALLED || (head == tail && sq.current_tail(&shared.mem) == head)
+        {
             shared.interrupt(&cq);
             unsignalled = 0;
         }
