@@ -101,13 +101,55 @@ impl DataBuffer {
         if data.len() as u64 != self.len {
             return Err(Status::INTERNAL_ERROR);
         }
+        self.write_to_host_at(mem, 0, data)
+    }
+
+    /// Fills `buf` (exactly [`len`](Self::len) bytes) from the host buffer.
+    pub fn read_from_host(&self, mem: &DmaRouter, buf: &mut [u8]) -> Result<Placement, Status> {
+        if buf.len() as u64 != self.len {
+            return Err(Status::INTERNAL_ERROR);
+        }
+        self.read_from_host_at(mem, 0, buf)
+    }
+
+    /// The pieces of `[offset, offset+len)` of the buffer: (segment, offset
+    /// inside the segment, length), so large transfers can move in chunks.
+    fn pieces(&self, offset: u64, len: u64) -> Result<Vec<(Segment, u64, u64)>, Status> {
+        let end = offset.checked_add(len).ok_or(Status::INTERNAL_ERROR)?;
+        if end > self.len {
+            return Err(Status::INTERNAL_ERROR);
+        }
+        let mut out = Vec::new();
+        let mut seg_start = 0u64;
+        for s in &self.segments {
+            let seg_end = seg_start + s.len;
+            let from = offset.max(seg_start);
+            let to = end.min(seg_end);
+            if from < to {
+                out.push((*s, from - seg_start, to - from));
+            }
+            if seg_end >= end {
+                break;
+            }
+            seg_start = seg_end;
+        }
+        Ok(out)
+    }
+
+    /// Copies `data` into the host buffer starting `offset` bytes in.
+    pub fn write_to_host_at(
+        &self,
+        mem: &DmaRouter,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Placement, Status> {
         let mut placement = Placement::default();
         let mut at = 0usize;
-        for s in &self.segments {
-            let n = s.len as usize;
+        for (s, inner, n) in self.pieces(offset, data.len() as u64)? {
+            let n = n as usize;
             let part = data.get(at..at + n).ok_or(Status::INTERNAL_ERROR)?;
             if !s.bit_bucket {
-                let p = mem.write(s.addr, part).map_err(|e| {
+                let p = mem.write(s.addr + inner, part).map_err(|e| {
                     tracing::debug!(%e, "data transfer to host failed");
                     Status::DATA_TRANSFER_ERROR
                 })?;
@@ -118,22 +160,24 @@ impl DataBuffer {
         Ok(placement)
     }
 
-    /// Fills `buf` (exactly [`len`](Self::len) bytes) from the host buffer.
-    pub fn read_from_host(&self, mem: &DmaRouter, buf: &mut [u8]) -> Result<Placement, Status> {
-        if buf.len() as u64 != self.len {
-            return Err(Status::INTERNAL_ERROR);
-        }
+    /// Fills `buf` from the host buffer starting `offset` bytes in.
+    pub fn read_from_host_at(
+        &self,
+        mem: &DmaRouter,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Placement, Status> {
         let mut placement = Placement::default();
         let mut at = 0usize;
-        for s in &self.segments {
-            let n = s.len as usize;
+        for (s, inner, n) in self.pieces(offset, buf.len() as u64)? {
+            let n = n as usize;
             let part = buf.get_mut(at..at + n).ok_or(Status::INTERNAL_ERROR)?;
             if s.bit_bucket {
                 // Bit buckets are refused for host-to-controller transfers
                 // when mapping; never reached.
                 return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
             }
-            let p = mem.read(s.addr, part).map_err(|e| {
+            let p = mem.read(s.addr + inner, part).map_err(|e| {
                 tracing::debug!(%e, "data transfer from host failed");
                 Status::DATA_TRANSFER_ERROR
             })?;
@@ -665,6 +709,32 @@ mod tests {
             bad.write_to_host(&r, &[0; 4]),
             Err(Status::INTERNAL_ERROR),
             "length mismatch is a controller bug, not a guest error"
+        );
+    }
+
+    #[test]
+    fn transfers_in_pieces_line_up_with_the_segments() {
+        let (g, r) = setup();
+        // Three segments: 0x100 at the end of a page, then two pages.
+        let list = RAM + 0x9000;
+        put_list(&g, list, &[RAM + 0x3000, RAM + 0x5000]);
+        let b = map_prp(&r, RAM + 0xf00, list, 0x100 + 2 * PS, PS).unwrap();
+        assert_eq!(b.segments().len(), 3);
+        let data: Vec<u8> = (0..b.len() as usize).map(|i| (i % 251) as u8).collect();
+        for (start, piece) in [(0usize, 0x180usize), (0x180, 0x1000), (0x1180, 0xf80)] {
+            b.write_to_host_at(&r, start as u64, &data[start..start + piece])
+                .unwrap();
+        }
+        let mut whole = vec![0u8; data.len()];
+        b.read_from_host(&r, &mut whole).unwrap();
+        assert_eq!(whole, data);
+        let mut mid = vec![0u8; 0x200];
+        b.read_from_host_at(&r, 0x1000, &mut mid).unwrap();
+        assert_eq!(&mid[..], &data[0x1000..0x1200]);
+        assert_eq!(
+            b.write_to_host_at(&r, 0x2000, &[0; 0x200]),
+            Err(Status::INTERNAL_ERROR),
+            "past the end of the buffer"
         );
     }
 

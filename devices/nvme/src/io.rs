@@ -14,8 +14,9 @@ type Handled = Result<Completion, Status>;
 
 const FUA: u32 = 1 << 30;
 const DEALLOCATE: u32 = 1 << 25;
-/// Verify reads through the data in pieces of this size.
-const VERIFY_CHUNK: u64 = 1 << 20;
+/// Data moves through the worker's bounce buffer in pieces of at most this
+/// size, so memory stays bounded even without an MDTS limit.
+const IO_CHUNK: u64 = 1 << 20;
 
 pub(crate) fn execute(shared: &Shared, cmd: &Command, scratch: &mut Scratch) -> Completion {
     let result = match cmd.opcode() {
@@ -117,12 +118,17 @@ fn write_cache_enabled(shared: &Shared) -> bool {
 fn read(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
     let (offset, len) = data_range(shared, ns, cmd)?;
     let buf = map(shared, cmd, len, Direction::ToHost)?;
-    let data = scratch.data(len as usize);
-    ns.backend()
-        .read_at(offset, data)
-        .map_err(|e| backend_error(shared, ns, &e, false))?;
-    let placement = buf.write_to_host(&shared.mem, data)?;
-    count_data(shared, placement, true);
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(IO_CHUNK);
+        let data = scratch.data(n as usize);
+        ns.backend()
+            .read_at(offset + done, data)
+            .map_err(|e| backend_error(shared, ns, &e, false))?;
+        let placement = buf.write_to_host_at(&shared.mem, done, data)?;
+        count_data(shared, placement, true);
+        done += n;
+    }
     add(&shared.stats.read_commands, 1);
     add(&shared.stats.bytes_read, len);
     count_read(shared, ns, len);
@@ -132,12 +138,17 @@ fn read(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -
 fn write(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
     let (offset, len) = data_range(shared, ns, cmd)?;
     let buf = map(shared, cmd, len, Direction::FromHost)?;
-    let data = scratch.data(len as usize);
-    let placement = buf.read_from_host(&shared.mem, data)?;
-    count_data(shared, placement, false);
-    ns.backend()
-        .write_at(offset, data)
-        .map_err(|e| backend_error(shared, ns, &e, true))?;
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(IO_CHUNK);
+        let data = scratch.data(n as usize);
+        let placement = buf.read_from_host_at(&shared.mem, done, data)?;
+        count_data(shared, placement, false);
+        ns.backend()
+            .write_at(offset + done, data)
+            .map_err(|e| backend_error(shared, ns, &e, true))?;
+        done += n;
+    }
     if cmd.cdw12() & FUA != 0 || !write_cache_enabled(shared) {
         ns.backend()
             .flush()
@@ -152,16 +163,21 @@ fn write(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) 
 fn compare(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
     let (offset, len) = data_range(shared, ns, cmd)?;
     let buf = map(shared, cmd, len, Direction::FromHost)?;
-    let (host, media) = scratch.both(len as usize);
-    let placement = buf.read_from_host(&shared.mem, host)?;
-    count_data(shared, placement, false);
-    ns.backend()
-        .read_at(offset, media)
-        .map_err(|e| backend_error(shared, ns, &e, false))?;
     add(&shared.stats.compare_commands, 1);
     count_read(shared, ns, len);
-    if host != media {
-        return Err(Status::COMPARE_FAILURE);
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(IO_CHUNK);
+        let (host, media) = scratch.both(n as usize);
+        let placement = buf.read_from_host_at(&shared.mem, done, host)?;
+        count_data(shared, placement, false);
+        ns.backend()
+            .read_at(offset + done, media)
+            .map_err(|e| backend_error(shared, ns, &e, false))?;
+        if host != media {
+            return Err(Status::COMPARE_FAILURE);
+        }
+        done += n;
     }
     Ok(Completion::success())
 }
@@ -172,7 +188,7 @@ fn verify(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch)
     let (offset, len) = ns.byte_range(cmd.slba(), u64::from(cmd.nlb()))?;
     let mut at = offset;
     while at < offset + len {
-        let n = (offset + len - at).min(VERIFY_CHUNK);
+        let n = (offset + len - at).min(IO_CHUNK);
         let chunk = scratch.data(n as usize);
         ns.backend()
             .read_at(at, chunk)

@@ -579,3 +579,41 @@ fn deleting_a_queue_whose_completion_queue_is_full_does_not_hang() {
         .build();
     assert_eq!(h.admin(delete_cq).status, Status::SUCCESS);
 }
+
+#[test]
+fn transfers_larger_than_the_bounce_chunk_without_mdts() {
+    let mut h = Host::with(
+        ControllerConfig {
+            mdts: 0,
+            ..test_config()
+        },
+        vec![memory_namespace(1, 8 << 20, 512)],
+    );
+    h.enable();
+    h.create_pair(1);
+    // 2 MiB + 4 KiB: three bounce-buffer pieces, one SGL data block each way.
+    let len = (2 << 20) + 4096;
+    let data = pattern(len, 11);
+    h.poke(DATA, &data);
+    let blocks = (len / 512) as u32;
+    let w = rw(op::WRITE, 7, blocks)
+        .sgl1(sgl_descriptor(0, DATA, len as u32))
+        .build();
+    assert_eq!(h.io(1, w).status, Status::SUCCESS);
+    let back = DATA + (4 << 20);
+    let r = rw(op::READ, 7, blocks)
+        .sgl1(sgl_descriptor(0, back, len as u32))
+        .build();
+    assert_eq!(h.io(1, r).status, Status::SUCCESS);
+    assert_eq!(h.peek(back, len), data);
+    let cmp = rw(op::COMPARE, 7, blocks)
+        .sgl1(sgl_descriptor(0, DATA, len as u32))
+        .build();
+    assert_eq!(h.io(1, cmp).status, Status::SUCCESS);
+    h.poke(DATA + (2 << 20) + 100, &[!data[(2 << 20) + 100]]);
+    assert_eq!(
+        h.io(1, cmp).status,
+        Status::COMPARE_FAILURE,
+        "difference in the last piece"
+    );
+}
