@@ -202,7 +202,7 @@ dmesg | tail -n 20
 exit 0
 "#;
 
-/// 4. Topology: with the devices on separate root ports of the q35 host
+/// Topology (issue item 4): with the devices on separate root ports of the q35 host
 /// bridge (not whitelisted) and an Intel vCPU, the kernel refuses P2P. The
 /// user sees an error, not a silent bounce through RAM.
 #[test]
