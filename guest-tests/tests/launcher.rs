@@ -1,0 +1,110 @@
+//! The launcher itself, in one boot: a multi-line `--exec` script with
+//! quotes runs verbatim, its exit status comes back, a `--share` folder is
+//! visible and writable in the guest, extra kernel arguments arrive, and
+//! nothing is left behind (no process, no socket) when the run ends.
+
+mod common;
+
+use std::os::unix::fs::FileTypeExt;
+
+use p2plab_harness::{Lab, LabOptions, Mode};
+
+const SCRIPT: &str = r#"set -u
+echo "QUOTES=it's \"quoted\" $((6 * 7))"
+cat /mnt/host/from-host.txt
+echo "written in the guest" > /mnt/host/from-guest.txt
+grep -o 'p2plab.test=[a-z]*' /proc/cmdline | sed 's/^/CMDLINE=/'
+exit 7
+"#;
+
+#[test]
+fn exec_share_append_status_and_clean_up() {
+    let share = std::env::temp_dir().join(format!("p2plab-share-{}", std::process::id()));
+    std::fs::create_dir_all(&share).unwrap();
+    std::fs::write(share.join("from-host.txt"), "SHARED=yes\n").unwrap();
+
+    let mut options = LabOptions::new("lab", Mode::Exec(SCRIPT.to_owned()));
+    options.share = Some(share.clone());
+    options.append = vec!["p2plab.test=works".to_owned()];
+    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.stream_output = false;
+    options.state = Some(common::test_state_dir("launcher"));
+    let outcome = Lab::run(&options).expect("the lab runs");
+    let facts = common::parse_facts(&outcome.output);
+
+    assert_eq!(outcome.status, Some(7), "the guest command's exit status");
+    assert_eq!(
+        facts.get("QUOTES").map(String::as_str),
+        Some("it's \"quoted\" 42")
+    );
+    assert_eq!(facts.get("SHARED").map(String::as_str), Some("yes"));
+    assert_eq!(
+        facts.get("CMDLINE").map(String::as_str),
+        Some("p2plab.test=works")
+    );
+    assert_eq!(
+        std::fs::read_to_string(share.join("from-guest.txt")).unwrap(),
+        "written in the guest\n"
+    );
+
+    // The run folder keeps the logs, and no socket or process survives.
+    let run = &outcome.run_dir;
+    for file in [
+        "console.log",
+        "qemu.log",
+        "qemu.cmdline",
+        "nvme0.log",
+        "gpu0.log",
+    ] {
+        assert!(run.join(file).is_file(), "{file} in the run folder");
+    }
+    for entry in std::fs::read_dir(run).unwrap().flatten() {
+        assert!(
+            !entry.file_type().unwrap().is_socket(),
+            "socket left behind: {}",
+            entry.path().display()
+        );
+    }
+    let run_text = run.to_string_lossy().into_owned();
+    for proc_entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(proc_entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !cmdline.contains(&*run_text),
+            "process left behind: {}",
+            cmdline.replace('\0', " ")
+        );
+    }
+    std::fs::remove_dir_all(&share).unwrap();
+}
+
+#[test]
+fn bad_options_are_refused_before_anything_starts() {
+    let mut options = LabOptions::new("no-such-topology", Mode::Exec("true".into()));
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--config \"no-such-topology\""),
+        "{err:#}"
+    );
+
+    options.topology = "lab".into();
+    options.share = Some("/nonexistent/folder".into());
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--share /nonexistent/folder"),
+        "{err:#}"
+    );
+
+    options.share = None;
+    options.kernel = Some("/nonexistent/bzImage".into());
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--kernel /nonexistent/bzImage"),
+        "{err:#}"
+    );
+
+    options.kernel = None;
+    options.server_args = vec![("nvme9".into(), vec![])];
+    let err = Lab::run(&options).unwrap_err();
+    assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
+}
