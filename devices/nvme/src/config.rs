@@ -7,6 +7,8 @@ pub const MAX_IO_QUEUES: u16 = 256;
 pub const CMB_ALIGN: u64 = 2 << 20;
 /// Largest CMB accepted (CMBSZ.SZ counts 1 MiB units in 20 bits).
 pub const MAX_CMB_SIZE: u64 = 64 << 30;
+/// Largest PMR accepted.
+pub const MAX_PMR_SIZE: u64 = 64 << 30;
 /// Controller registers before the doorbells.
 pub const REGISTERS_SIZE: u64 = 0x1000;
 /// Smallest BAR0.
@@ -36,6 +38,9 @@ pub struct ControllerConfig {
     pub mdts: u8,
     /// Controller Memory Buffer in bytes; 0 disables it.
     pub cmb_size: u64,
+    /// Persistent Memory Region in bytes (a power of two, at least 4 KiB);
+    /// 0 for none.
+    pub pmr_size: u64,
     /// Asynchronous Event Request Limit, 0's based.
     pub aerl: u8,
 }
@@ -54,6 +59,7 @@ impl Default for ControllerConfig {
             max_queue_entries: 1024,
             mdts: 7,
             cmb_size: 64 << 20,
+            pmr_size: 0,
             aerl: 3,
         }
     }
@@ -121,6 +127,18 @@ impl ControllerConfig {
                     "{} bytes is not a multiple of 2 MiB up to {} GiB (or 0 for no CMB)",
                     self.cmb_size,
                     MAX_CMB_SIZE >> 30
+                ),
+            ));
+        }
+        if self.pmr_size != 0
+            && (!self.pmr_size.is_power_of_two() || !(4096..=MAX_PMR_SIZE).contains(&self.pmr_size))
+        {
+            return Err(err(
+                "pmr_size",
+                format!(
+                    "{} bytes is not a power of two from 4 KiB to {} GiB",
+                    self.pmr_size,
+                    MAX_PMR_SIZE >> 30
                 ),
             ));
         }

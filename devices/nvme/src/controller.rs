@@ -28,10 +28,10 @@ use crate::logs::{AsyncEvent, AsyncEvents, ErrorEntry, ErrorLog, SmartCounters};
 use crate::memory::{DmaFault, DmaRouter, GuestMemory, RegionMemory};
 use crate::namespace::{Namespace, NamespaceCounters};
 use crate::queues::{CompletionQueue, QueueTable, SubmissionQueue};
-use crate::spec::{aen, cc, cmb, csts, reg, Status, NSID_ALL};
+use crate::spec::{aen, cc, cmb, csts, pmr, reg, Status, NSID_ALL};
 use crate::stats::{
-    CmbSnapshot, ControllerSnapshot, HostMemorySnapshot, NamespaceSnapshot, QueueSnapshot, Stats,
-    StatsSnapshot,
+    CmbSnapshot, ControllerSnapshot, HostMemorySnapshot, NamespaceSnapshot, PmrSnapshot,
+    QueueSnapshot, Stats, StatsSnapshot,
 };
 use crate::worker;
 
@@ -44,6 +44,10 @@ pub trait Interrupts: Send + Sync {
 const MPS_MAX: u32 = 4;
 /// CAP.TO in 500 ms units: how long the host waits for CSTS.RDY.
 const READY_TIMEOUT: u64 = 0x0f;
+/// PMRCAP.PMRTO in 500 ms units (PMRTU 0): how long PMRSTS.NRDY may take.
+const PMR_READY_TIMEOUT: u32 = 4;
+/// BAR holding the PMR (PMRCAP.BIR).
+pub const PMR_BAR: u8 = 4;
 
 /// Controller registers that are state, not computed.
 #[derive(Debug, Default)]
@@ -62,6 +66,11 @@ pub(crate) struct Regs {
     pub cba: Option<u64>,
     /// Where the guest placed the CMB BAR (config space).
     pub cmb_bar: Option<u64>,
+    pub pmrctl: u32,
+    pub pmrmsc: u64,
+    pub pmrsts: u32,
+    /// PMR base address latched by PMRMSCL.CMSE.
+    pub pmr_cba: Option<u64>,
 }
 
 /// State the admin worker owns; others only touch it briefly (error log,
@@ -125,7 +134,30 @@ impl NvmeController {
         cmb: Option<Arc<dyn RegionMemory>>,
         irq: Arc<dyn Interrupts>,
     ) -> Result<Self, ConfigError> {
+        Self::with_pmr(config, namespaces, memory, cmb, None, irq)
+    }
+
+    /// Like [`new`](Self::new), with a Persistent Memory Region in `pmr`
+    /// (required iff `config.pmr_size` is not 0).
+    pub fn with_pmr(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        memory: Arc<dyn GuestMemory>,
+        cmb: Option<Arc<dyn RegionMemory>>,
+        pmr: Option<Arc<dyn RegionMemory>>,
+        irq: Arc<dyn Interrupts>,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
+        match (&pmr, config.pmr_size) {
+            (None, 0) => {}
+            (Some(region), size) if size > 0 && region.size() >= size => {}
+            _ => {
+                return Err(ConfigError {
+                    field: "pmr_size",
+                    message: "the PMR memory does not match the configured size".into(),
+                })
+            }
+        }
         match (&cmb, config.cmb_size) {
             (None, 0) => {}
             (Some(region), size) if size > 0 && region.size() >= size => {}
@@ -153,6 +185,9 @@ impl NvmeController {
         if config.cmb_size > 0 {
             cap |= 1 << 57; // CMBS
         }
+        if config.pmr_size > 0 {
+            cap |= 1 << 56; // PMRS
+        }
         let features = Features::new(
             namespaces.len() as u32,
             config.msix_vectors(),
@@ -164,7 +199,7 @@ impl NvmeController {
             queues: Mutex::new(QueueTable::new(config.max_io_queues)),
             live_workers: AtomicUsize::new(0),
             fatal: AtomicBool::new(false),
-            mem: DmaRouter::new(memory, cmb, Arc::clone(&stats)),
+            mem: DmaRouter::with_pmr(memory, cmb, pmr, Arc::clone(&stats)),
             irq,
             namespaces,
             admin: Mutex::new(AdminState {
@@ -199,6 +234,13 @@ impl NvmeController {
             .stats
             .register_reads
             .fetch_add(1, Ordering::Relaxed);
+        let end = offset + data.len() as u64;
+        if offset < reg::PMRSTS + 4 && end > reg::PMRSTS {
+            // PMRCAP.PMRWBM bit 1: this read returns once earlier writes to
+            // the PMR are persistent. It blocks the vCPU like the flush in
+            // QEMU's PMR does, and never waits for DMA.
+            self.shared.persist_pmr();
+        }
         let regs = crate::lock(&self.shared.regs);
         for (i, byte) in data.iter_mut().enumerate() {
             let at = offset + i as u64;
@@ -276,6 +318,21 @@ impl NvmeController {
         }
     }
 
+    /// A trapped access to the PMR BAR (QEMU normally maps it directly).
+    pub fn read_pmr(&self, offset: u64, data: &mut [u8]) -> Result<(), DmaFault> {
+        match self.shared.mem.pmr() {
+            Some(pmr) => pmr.read(offset, data),
+            None => Err(DmaFault::new(offset, data.len() as u64, "no PMR")),
+        }
+    }
+
+    pub fn write_pmr(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
+        match self.shared.mem.pmr() {
+            Some(pmr) => pmr.write(offset, data),
+            None => Err(DmaFault::new(offset, data.len() as u64, "no PMR")),
+        }
+    }
+
     /// Where the guest placed the CMB BAR (None while memory decode is off).
     pub fn set_cmb_bar_address(&self, address: Option<u64>) {
         let mut regs = crate::lock(&self.shared.regs);
@@ -302,12 +359,14 @@ impl NvmeController {
         // Config space is back to power-on state too: BARs unprogrammed.
         *regs = Regs::default();
         self.shared.mem.set_window(None);
+        self.shared.mem.set_pmr_window(None);
         self.shared.fatal.store(false, Ordering::Release);
         self.shared.power_cycles.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Flushes every namespace (server shutdown).
+    /// Flushes every namespace and the PMR (server shutdown).
     pub fn flush_all(&self) {
+        self.shared.persist_pmr();
         for ns in &self.shared.namespaces {
             if let Err(e) = ns.backend().flush() {
                 warn!(nsid = ns.nsid(), %e, "flush failed");
@@ -405,6 +464,25 @@ impl Shared {
             reg::CMBMSC if self.cfg.cmb_size > 0 => regs.cmbmsc as u32,
             0x54 if self.cfg.cmb_size > 0 => (regs.cmbmsc >> 32) as u32,
             reg::CMBSTS => regs.cmbsts,
+            reg::PMRCAP if self.cfg.pmr_size > 0 => {
+                pmr::CAP_RDS
+                    | pmr::CAP_WDS
+                    | (u32::from(PMR_BAR) << pmr::CAP_BIR_SHIFT)
+                    | pmr::CAP_WBM_STS_READ
+                    | (PMR_READY_TIMEOUT << pmr::CAP_TO_SHIFT)
+                    | pmr::CAP_CMSS
+            }
+            reg::PMRCTL if self.cfg.pmr_size > 0 => regs.pmrctl,
+            reg::PMRSTS if self.cfg.pmr_size > 0 => {
+                let nrdy = if regs.pmrctl & pmr::CTL_EN != 0 {
+                    0
+                } else {
+                    pmr::STS_NRDY
+                };
+                regs.pmrsts | nrdy
+            }
+            reg::PMRMSCL if self.cfg.pmr_size > 0 => regs.pmrmsc as u32,
+            reg::PMRMSCU if self.cfg.pmr_size > 0 => (regs.pmrmsc >> 32) as u32,
             _ => 0,
         }
     }
@@ -433,6 +511,24 @@ impl Shared {
             0x54 if self.cfg.cmb_size > 0 => {
                 // The high half of CBA; latched by the next low-dword write.
                 regs.cmbmsc = (regs.cmbmsc & 0xffff_ffff) | (u64::from(value) << 32);
+            }
+            reg::PMRCTL if self.cfg.pmr_size > 0 => {
+                regs.pmrctl = value & pmr::CTL_EN;
+                if regs.pmrctl == 0 {
+                    // A disabled PMR decodes nothing.
+                    regs.pmrmsc &= !u64::from(pmr::MSC_CMSE);
+                    regs.pmr_cba = None;
+                }
+                let decoded = if regs.pmrctl != 0 { regs.pmr_cba } else { None };
+                self.mem.set_pmr_window(decoded);
+                info!(enabled = regs.pmrctl != 0, "PMR control written");
+            }
+            reg::PMRMSCL if self.cfg.pmr_size > 0 => {
+                regs.pmrmsc = (regs.pmrmsc & !0xffff_ffff) | u64::from(value);
+                self.latch_pmr(&mut regs);
+            }
+            reg::PMRMSCU if self.cfg.pmr_size > 0 => {
+                regs.pmrmsc = (regs.pmrmsc & 0xffff_ffff) | (u64::from(value) << 32);
             }
             reg::NSSR => debug!("NVM subsystem reset is not supported; write ignored"),
             _ => debug!(
@@ -470,6 +566,37 @@ impl Shared {
             cba = ?regs.cba.map(|a| format!("{a:#x}")),
             "CMB controls written"
         );
+    }
+
+    /// PMRMSCL written: CMSE latches the PMR's controller base address.
+    fn latch_pmr(&self, regs: &mut Regs) {
+        regs.pmr_cba = None;
+        regs.pmrsts &= !pmr::STS_CBAI;
+        if regs.pmrmsc & u64::from(pmr::MSC_CMSE) != 0 {
+            let cba = regs.pmrmsc & !0xfff;
+            if cba.checked_add(self.cfg.pmr_size).is_none() {
+                warn!(cba = format_args!("{cba:#x}"), "PMR base address invalid");
+                regs.pmrsts |= pmr::STS_CBAI;
+            } else {
+                regs.pmr_cba = Some(cba);
+            }
+        }
+        let decoded = if regs.pmrctl & pmr::CTL_EN != 0 {
+            regs.pmr_cba
+        } else {
+            None
+        };
+        self.mem.set_pmr_window(decoded);
+        info!(cba = ?regs.pmr_cba.map(|a| format!("{a:#x}")), "PMR controls written");
+    }
+
+    /// Makes PMR contents durable.
+    pub fn persist_pmr(&self) {
+        if let Some(pmr) = self.mem.pmr() {
+            if let Err(e) = pmr.flush() {
+                warn!(%e, "PMR flush failed");
+            }
+        }
     }
 
     fn write_cc(self: &Arc<Self>, regs: &mut Regs, value: u32) {
@@ -824,6 +951,10 @@ impl Shared {
     }
 
     fn snapshot(&self) -> StatsSnapshot {
+        let (pmr_enabled, pmr_cba) = {
+            let regs = crate::lock(&self.regs);
+            (regs.pmrctl & pmr::CTL_EN != 0, regs.pmr_cba)
+        };
         let (controller, cmb_bar, cba, cmse) = {
             let regs = crate::lock(&self.regs);
             (
@@ -864,6 +995,13 @@ impl Shared {
             controller: ControllerSnapshot {
                 shadow_doorbells: shadow,
                 ..controller
+            },
+            pmr: PmrSnapshot {
+                size: self.cfg.pmr_size,
+                enabled: pmr_enabled,
+                cba: pmr_cba,
+                dma_read_bytes: c.pmr_read_bytes,
+                dma_write_bytes: c.pmr_write_bytes,
             },
             cmb: CmbSnapshot {
                 size: self.cfg.cmb_size,

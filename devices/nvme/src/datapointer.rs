@@ -744,7 +744,14 @@ mod tests {
         r.set_window(Some(0x8000_0000));
         let b = map_prp(&r, 0x8000_0000, 0, 512, PS).unwrap();
         let p = b.write_to_host(&r, &[7u8; 512]).unwrap();
-        assert_eq!(p, Placement { cmb: 512, host: 0 });
+        assert_eq!(
+            p,
+            Placement {
+                cmb: 512,
+                pmr: 0,
+                host: 0
+            }
+        );
         let mut x = [0u8; 512];
         r.cmb().unwrap().read(0, &mut x).unwrap();
         assert_eq!(x, [7u8; 512]);

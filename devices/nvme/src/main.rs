@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
+use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::parse_size;
 use p2plab_nvme::server::{nvme_function, PciIds};
+use p2plab_nvme::RegionMemory;
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
 use p2plab_vfio_user::{DmaSpace, Server, ServerConfig, ShutdownHandle};
 use tracing::{error, info, info_span, warn};
@@ -59,6 +61,12 @@ struct Args {
     /// `off`. It is BAR2, which guests can map and use as P2P memory.
     #[arg(long, value_name = "SIZE|off", default_value = "64M", value_parser = parse_cmb_size)]
     cmb_size: u64,
+
+    /// Persistent Memory Region backed by a file, as BAR4:
+    /// `file=PATH[,size=SIZE]` (SIZE a power of two; a missing file is
+    /// created sparse). Its contents survive restarts.
+    #[arg(long, value_name = "SPEC")]
+    pmr: Option<PmrSpec>,
 
     /// PCI vendor ID (hex).
     #[arg(long, value_name = "ID", default_value = "0x1b36", value_parser = parse_pci_id)]
@@ -153,6 +161,7 @@ fn option_for(field: &str) -> &'static str {
         "max_queue_entries" => "--queue-entries",
         "mdts" => "--mdts",
         "cmb_size" => "--cmb-size",
+        "pmr_size" => "--pmr",
         _ => "--namespace",
     }
 }
@@ -231,6 +240,15 @@ fn init_logging(args: &Args) -> Result<()> {
 fn run(args: &Args, signals: Signals) -> Result<()> {
     let span = info_span!("nvme", socket = %args.socket.display());
     let _span = span.enter();
+    let pmr = match &args.pmr {
+        Some(spec) => {
+            let region =
+                FileRegion::open(&spec.path, spec.size).map_err(|e| anyhow!("--pmr: {e}"))?;
+            info!(file = %region.describe(), bytes = region.size(), "persistent memory region");
+            Some(Arc::new(region))
+        }
+        None => None,
+    };
     let config = ControllerConfig {
         serial: args.serial.clone().unwrap_or_else(|| default_serial(args)),
         model: args.model.clone(),
@@ -241,6 +259,7 @@ fn run(args: &Args, signals: Signals) -> Result<()> {
         max_queue_entries: args.queue_entries,
         mdts: args.mdts,
         cmb_size: args.cmb_size,
+        pmr_size: pmr.as_ref().map_or(0, |p| p.size()),
         ..ControllerConfig::default()
     };
     config
@@ -283,7 +302,7 @@ fn run(args: &Args, signals: Signals) -> Result<()> {
         "p2plab-nvme starting"
     );
     let mut function =
-        nvme_function(config, &ids, namespaces, dma.clone()).map_err(|e| match e {
+        nvme_function(config, &ids, namespaces, pmr, dma.clone()).map_err(|e| match e {
             p2plab_nvme::server::BuildError::Config(c) => {
                 anyhow!("{}: {}", option_for(c.field), c.message)
             }

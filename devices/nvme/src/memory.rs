@@ -44,6 +44,11 @@ pub trait RegionMemory: Send + Sync {
     fn size(&self) -> u64;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault>;
+    /// Makes what was written durable (a persistent memory region backed by
+    /// a file); volatile memory has nothing to do.
+    fn flush(&self) -> Result<(), DmaFault> {
+        Ok(())
+    }
 }
 
 /// Where an access was served.
@@ -51,6 +56,8 @@ pub trait RegionMemory: Send + Sync {
 pub struct Placement {
     /// Bytes served from the controller's own CMB.
     pub cmb: u64,
+    /// Bytes served from the controller's own PMR.
+    pub pmr: u64,
     /// Bytes that went to guest memory through the transport.
     pub host: u64,
 }
@@ -58,22 +65,61 @@ pub struct Placement {
 impl Placement {
     pub fn add(&mut self, other: Placement) {
         self.cmb += other.cmb;
+        self.pmr += other.pmr;
         self.host += other.host;
     }
 }
 
-/// No CMB window is decoded.
+/// No window is decoded.
 const NO_WINDOW: u64 = u64::MAX;
 
-/// The controller's view of the bus: addresses inside its enabled CMB are
-/// served from local memory, everything else from guest memory. Accesses
-/// that straddle the CMB boundary are split.
+/// One of the controller's own memories, decoded at a bus address while
+/// enabled.
+struct Window {
+    memory: Option<Arc<dyn RegionMemory>>,
+    base: AtomicU64,
+}
+
+impl Window {
+    fn new(memory: Option<Arc<dyn RegionMemory>>) -> Self {
+        Self {
+            memory,
+            base: AtomicU64::new(NO_WINDOW),
+        }
+    }
+
+    fn set(&self, base: Option<u64>) {
+        let value = match (&self.memory, base) {
+            (Some(_), Some(base)) => base,
+            _ => NO_WINDOW,
+        };
+        self.base.store(value, Ordering::Release);
+    }
+
+    /// `(base, end)` while decoded.
+    fn span(&self) -> Option<(u64, u64, &Arc<dyn RegionMemory>)> {
+        let memory = self.memory.as_ref()?;
+        match self.base.load(Ordering::Acquire) {
+            NO_WINDOW => None,
+            base => Some((base, base.saturating_add(memory.size()), memory)),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Host,
+    Cmb(u64),
+    Pmr(u64),
+}
+
+/// The controller's view of the bus: addresses inside its enabled CMB or
+/// PMR are served from local memory, everything else from guest memory.
+/// Accesses that straddle a window edge are split.
 pub struct DmaRouter {
     guest: Arc<dyn GuestMemory>,
-    cmb: Option<Arc<dyn RegionMemory>>,
-    /// Bus address of CMB offset 0 while the CMB is enabled for controller
-    /// accesses (CMBMSC.CMSE), else `NO_WINDOW`.
-    window: AtomicU64,
+    cmb: Window,
+    pmr: Window,
     stats: Arc<Stats>,
 }
 
@@ -83,98 +129,130 @@ impl DmaRouter {
         cmb: Option<Arc<dyn RegionMemory>>,
         stats: Arc<Stats>,
     ) -> Self {
+        Self::with_pmr(guest, cmb, None, stats)
+    }
+
+    pub fn with_pmr(
+        guest: Arc<dyn GuestMemory>,
+        cmb: Option<Arc<dyn RegionMemory>>,
+        pmr: Option<Arc<dyn RegionMemory>>,
+        stats: Arc<Stats>,
+    ) -> Self {
         Self {
             guest,
-            cmb,
-            window: AtomicU64::new(NO_WINDOW),
+            cmb: Window::new(cmb),
+            pmr: Window::new(pmr),
             stats,
         }
     }
 
     pub fn cmb(&self) -> Option<&Arc<dyn RegionMemory>> {
-        self.cmb.as_ref()
+        self.cmb.memory.as_ref()
+    }
+
+    pub fn pmr(&self) -> Option<&Arc<dyn RegionMemory>> {
+        self.pmr.memory.as_ref()
     }
 
     /// Starts (`Some(base)`) or stops decoding the CMB at a bus address.
     pub fn set_window(&self, base: Option<u64>) {
-        let value = match (&self.cmb, base) {
-            (Some(_), Some(base)) => base,
-            _ => NO_WINDOW,
-        };
-        self.window.store(value, Ordering::Release);
+        self.cmb.set(base);
+    }
+
+    /// Starts or stops decoding the PMR at a bus address.
+    pub fn set_pmr_window(&self, base: Option<u64>) {
+        self.pmr.set(base);
     }
 
     pub fn window(&self) -> Option<u64> {
-        match self.window.load(Ordering::Acquire) {
-            NO_WINDOW => None,
-            base => Some(base),
-        }
+        self.cmb.span().map(|(base, _, _)| base)
     }
 
     /// The CMB offset of `addr` when it lies inside the decoded CMB.
     pub fn cmb_offset(&self, addr: u64) -> Option<u64> {
-        let base = self.window()?;
-        let size = self.cmb.as_ref()?.size();
-        let offset = addr.checked_sub(base)?;
-        (offset < size).then_some(offset)
+        let (base, end, _) = self.cmb.span()?;
+        (addr >= base && addr < end).then(|| addr - base)
     }
 
-    /// Splits `[addr, addr+len)` into pieces that are wholly inside or
-    /// wholly outside the CMB window: `(addr, len, cmb_offset)`.
-    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<(u64, u64, Option<u64>)>, DmaFault> {
-        if addr.checked_add(len).is_none() {
-            return Err(DmaFault::new(addr, len, "address range wraps around"));
+    /// Splits `[addr, addr+len)` into pieces wholly inside one window or
+    /// wholly outside both: `(addr, len, target)`.
+    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<(u64, u64, Target)>, DmaFault> {
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| DmaFault::new(addr, len, "address range wraps around"))?;
+        let windows: Vec<(u64, u64, bool)> = [(&self.cmb, true), (&self.pmr, false)]
+            .into_iter()
+            .filter_map(|(w, is_cmb)| w.span().map(|(b, e, _)| (b, e, is_cmb)))
+            .collect();
+        if windows.is_empty() {
+            return Ok(vec![(addr, len, Target::Host)]);
         }
-        let (base, size) = match (self.window(), &self.cmb) {
-            (Some(base), Some(cmb)) => (base, cmb.size()),
-            _ => return Ok(vec![(addr, len, None)]),
-        };
-        let end = addr + len;
-        let cmb_end = base.saturating_add(size);
         let mut out = Vec::with_capacity(1);
         let mut at = addr;
         while at < end {
-            if at < base {
-                let stop = end.min(base);
-                out.push((at, stop - at, None));
-                at = stop;
-            } else if at < cmb_end {
-                let stop = end.min(cmb_end);
-                out.push((at, stop - at, Some(at - base)));
+            if let Some(&(base, wend, is_cmb)) =
+                windows.iter().find(|(b, e, _)| at >= *b && at < *e)
+            {
+                let stop = end.min(wend);
+                let offset = at - base;
+                let target = if is_cmb {
+                    Target::Cmb(offset)
+                } else {
+                    Target::Pmr(offset)
+                };
+                out.push((at, stop - at, target));
                 at = stop;
             } else {
-                out.push((at, end - at, None));
-                at = end;
+                // Guest memory up to the next window that starts above.
+                let next = windows
+                    .iter()
+                    .map(|(b, _, _)| *b)
+                    .filter(|b| *b > at)
+                    .min()
+                    .unwrap_or(end);
+                let stop = end.min(next);
+                out.push((at, stop - at, Target::Host));
+                at = stop;
             }
         }
         Ok(out)
     }
 
+    fn local(&self, target: Target) -> Option<(&Arc<dyn RegionMemory>, u64)> {
+        match target {
+            Target::Cmb(offset) => self.cmb.memory.as_ref().map(|m| (m, offset)),
+            Target::Pmr(offset) => self.pmr.memory.as_ref().map(|m| (m, offset)),
+            Target::Host => None,
+        }
+    }
+
+    fn account(placement: &mut Placement, target: Target, n: u64) {
+        match target {
+            Target::Cmb(_) => placement.cmb += n,
+            Target::Pmr(_) => placement.pmr += n,
+            Target::Host => placement.host += n,
+        }
+    }
+
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<Placement, DmaFault> {
         let mut placement = Placement::default();
         let mut done = 0usize;
-        for (at, len, cmb_offset) in self.pieces(addr, buf.len() as u64)? {
+        for (at, len, target) in self.pieces(addr, buf.len() as u64)? {
             let len = len as usize;
             let part = &mut buf[done..done + len];
-            match (cmb_offset, &self.cmb) {
-                (Some(offset), Some(cmb)) => {
-                    cmb.read(offset, part)?;
-                    placement.cmb += len as u64;
-                }
-                _ => {
-                    self.guest.read(at, part).inspect_err(|_| {
-                        self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-                    })?;
-                    placement.host += len as u64;
-                }
+            match self.local(target) {
+                Some((memory, offset)) => memory.read(offset, part)?,
+                None => self.guest.read(at, part).inspect_err(|_| {
+                    self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+                })?,
             }
+            Self::account(&mut placement, target, len as u64);
             done += len;
         }
-        self.stats
-            .cmb_read_bytes
-            .fetch_add(placement.cmb, Ordering::Relaxed);
-        self.stats
-            .host_read_bytes
+        let s = &self.stats;
+        s.cmb_read_bytes.fetch_add(placement.cmb, Ordering::Relaxed);
+        s.pmr_read_bytes.fetch_add(placement.pmr, Ordering::Relaxed);
+        s.host_read_bytes
             .fetch_add(placement.host, Ordering::Relaxed);
         Ok(placement)
     }
@@ -182,28 +260,24 @@ impl DmaRouter {
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<Placement, DmaFault> {
         let mut placement = Placement::default();
         let mut done = 0usize;
-        for (at, len, cmb_offset) in self.pieces(addr, data.len() as u64)? {
+        for (at, len, target) in self.pieces(addr, data.len() as u64)? {
             let len = len as usize;
             let part = &data[done..done + len];
-            match (cmb_offset, &self.cmb) {
-                (Some(offset), Some(cmb)) => {
-                    cmb.write(offset, part)?;
-                    placement.cmb += len as u64;
-                }
-                _ => {
-                    self.guest.write(at, part).inspect_err(|_| {
-                        self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-                    })?;
-                    placement.host += len as u64;
-                }
+            match self.local(target) {
+                Some((memory, offset)) => memory.write(offset, part)?,
+                None => self.guest.write(at, part).inspect_err(|_| {
+                    self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+                })?,
             }
+            Self::account(&mut placement, target, len as u64);
             done += len;
         }
-        self.stats
-            .cmb_write_bytes
+        let s = &self.stats;
+        s.cmb_write_bytes
             .fetch_add(placement.cmb, Ordering::Relaxed);
-        self.stats
-            .host_write_bytes
+        s.pmr_write_bytes
+            .fetch_add(placement.pmr, Ordering::Relaxed);
+        s.host_write_bytes
             .fetch_add(placement.host, Ordering::Relaxed);
         Ok(placement)
     }
@@ -260,6 +334,138 @@ impl RegionMemory for HeapRegion {
         let mut bytes = crate::lock(&self.bytes);
         bytes[range].copy_from_slice(data);
         Ok(())
+    }
+}
+
+/// A file as device memory: the Persistent Memory Region. QEMU maps the
+/// same file (MAP_SHARED), so pread/pwrite here and guest loads and stores
+/// there meet in the page cache; [`flush`](RegionMemory::flush) is
+/// fdatasync.
+pub struct FileRegion {
+    file: std::fs::File,
+    size: u64,
+    label: String,
+}
+
+impl FileRegion {
+    /// Opens `path`, creating it sparse with `size` bytes if missing. An
+    /// existing file keeps its contents and must have `size` bytes when one
+    /// is given.
+    pub fn open(path: &std::path::Path, size: Option<u64>) -> Result<Self, String> {
+        use std::io::{Seek, SeekFrom};
+        let label = path.display().to_string();
+        let existing = path.exists();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(!existing)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| format!("{label}: {e}"))?;
+        let actual = file
+            .seek(SeekFrom::End(0))
+            .map_err(|e| format!("{label}: {e}"))?;
+        let size = match (existing, size) {
+            (false, Some(size)) => {
+                file.set_len(size).map_err(|e| format!("{label}: {e}"))?;
+                size
+            }
+            (false, None) => {
+                let _ = std::fs::remove_file(path);
+                return Err(format!("{label} does not exist; give a size to create it"));
+            }
+            (true, Some(size)) if size != actual => {
+                return Err(format!(
+                    "{label} exists with {actual} bytes, but size={size} was asked for"
+                ))
+            }
+            (true, _) => actual,
+        };
+        Ok(Self { file, size, label })
+    }
+
+    /// The file, e.g. for QEMU to map.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.file.as_raw_fd()
+    }
+
+    pub fn describe(&self) -> &str {
+        &self.label
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<(), DmaFault> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(DmaFault::new(offset, len as u64, "outside the region")),
+        }
+    }
+}
+
+/// The PMR as given on the command line: `file=PATH[,size=SIZE]` (or a bare
+/// `PATH`). A missing file is created sparse with SIZE bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PmrSpec {
+    pub path: std::path::PathBuf,
+    pub size: Option<u64>,
+}
+
+impl std::str::FromStr for PmrSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut path = None;
+        let mut size = None;
+        for (i, part) in text.split(',').enumerate() {
+            let part = part.trim();
+            match part.split_once('=') {
+                Some(("file" | "path", v)) if !v.trim().is_empty() => {
+                    path = Some(std::path::PathBuf::from(v.trim()))
+                }
+                Some(("size", v)) => size = Some(crate::namespace::parse_size(v)?),
+                None if i == 0 && !part.is_empty() => path = Some(part.into()),
+                _ => {
+                    return Err(format!(
+                        "{part:?} is not understood (use file=PATH[,size=SIZE])"
+                    ))
+                }
+            }
+        }
+        let path = path.ok_or("the PMR needs file=PATH")?;
+        if let Some(size) = size {
+            if !size.is_power_of_two() || size < 4096 {
+                return Err(format!("size {size} is not a power of two of at least 4K"));
+            }
+        }
+        Ok(Self { path, size })
+    }
+}
+
+impl RegionMemory for FileRegion {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        use std::os::unix::fs::FileExt;
+        self.check(offset, buf.len())?;
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| DmaFault::new(offset, buf.len() as u64, e.to_string()))
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
+        use std::os::unix::fs::FileExt;
+        self.check(offset, data.len())?;
+        self.file
+            .write_all_at(data, offset)
+            .map_err(|e| DmaFault::new(offset, data.len() as u64, e.to_string()))
+    }
+
+    fn flush(&self) -> Result<(), DmaFault> {
+        self.file
+            .sync_data()
+            .map_err(|e| DmaFault::new(0, self.size, e.to_string()))
     }
 }
 
@@ -383,7 +589,14 @@ mod tests {
     fn without_window_everything_goes_to_guest_memory() {
         let r = router();
         let p = r.write(0x10000, &[1, 2, 3]).unwrap();
-        assert_eq!(p, Placement { cmb: 0, host: 3 });
+        assert_eq!(
+            p,
+            Placement {
+                cmb: 0,
+                pmr: 0,
+                host: 3
+            }
+        );
         let mut b = [0; 3];
         r.read(0x10000, &mut b).unwrap();
         assert_eq!(b, [1, 2, 3]);
@@ -403,7 +616,14 @@ mod tests {
         assert_eq!(r.cmb_offset(0x21000), None);
         let data: Vec<u8> = (0..32).collect();
         let p = r.write(0x1eff0, &data).unwrap();
-        assert_eq!(p, Placement { cmb: 16, host: 16 });
+        assert_eq!(
+            p,
+            Placement {
+                cmb: 16,
+                pmr: 0,
+                host: 16
+            }
+        );
         let mut local = [0u8; 16];
         r.cmb().unwrap().read(0, &mut local).unwrap();
         assert_eq!(&local[..], &data[16..]);
@@ -414,6 +634,74 @@ mod tests {
         assert!(r.write(0x20ff0, &[0; 32]).is_err());
         r.set_window(None);
         assert_eq!(r.cmb_offset(0x1f000), None);
+    }
+
+    #[test]
+    fn cmb_and_pmr_windows_side_by_side() {
+        let guest = FakeGuestMemory::new().with_region(0x10000, 0x10000);
+        let r = DmaRouter::with_pmr(
+            Arc::new(guest),
+            Some(Arc::new(HeapRegion::new(0x1000))),
+            Some(Arc::new(HeapRegion::new(0x1000))),
+            Arc::new(Stats::default()),
+        );
+        // Guest RAM | CMB | PMR | guest RAM, all contiguous.
+        r.set_window(Some(0x12000));
+        r.set_pmr_window(Some(0x13000));
+        let data: Vec<u8> = (0..0x3000u32).map(|i| (i % 253) as u8).collect();
+        let p = r.write(0x11800, &data[..0x3000]).unwrap();
+        assert_eq!(
+            p,
+            Placement {
+                cmb: 0x1000,
+                pmr: 0x1000,
+                host: 0x1000
+            }
+        );
+        let mut back = vec![0u8; 0x3000];
+        r.read(0x11800, &mut back).unwrap();
+        assert_eq!(back, data);
+        let mut pmr = [0u8; 4];
+        r.pmr().unwrap().read(0, &mut pmr).unwrap();
+        assert_eq!(&pmr, &data[0x1800..0x1804]);
+        r.set_pmr_window(None);
+        assert_eq!(
+            r.read(0x13000, &mut pmr).unwrap().host,
+            4,
+            "PMR no longer decoded"
+        );
+    }
+
+    #[test]
+    fn file_regions_persist_and_parse() {
+        let path = std::env::temp_dir().join(format!("p2plab-nvme-pmr-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            FileRegion::open(&path, None).is_err(),
+            "missing file without a size"
+        );
+        let r = FileRegion::open(&path, Some(8192)).unwrap();
+        r.write(4096, b"persistent").unwrap();
+        r.flush().unwrap();
+        assert!(r.write(8190, b"xyz").is_err(), "past the end");
+        drop(r);
+        let r = FileRegion::open(&path, None).unwrap();
+        assert_eq!(r.size(), 8192);
+        let mut got = [0u8; 10];
+        r.read(4096, &mut got).unwrap();
+        assert_eq!(&got, b"persistent");
+        assert!(
+            FileRegion::open(&path, Some(4096)).is_err(),
+            "size mismatch"
+        );
+        let _ = std::fs::remove_file(&path);
+        let spec: PmrSpec = "file=/tmp/p.img,size=1M".parse().unwrap();
+        assert_eq!(
+            (spec.path.to_str(), spec.size),
+            (Some("/tmp/p.img"), Some(1 << 20))
+        );
+        assert!("file=/tmp/p,size=3K".parse::<PmrSpec>().is_err());
+        assert!("size=4K".parse::<PmrSpec>().is_err());
     }
 
     #[test]

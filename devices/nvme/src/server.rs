@@ -16,8 +16,9 @@ use p2plab_vfio_user::{DeviceError, DmaSpace, DmaTarget, SharedMemory};
 use tracing::{debug, info};
 
 use crate::config::ControllerConfig;
+pub use crate::controller::PMR_BAR;
 use crate::controller::{Interrupts, NvmeController};
-use crate::memory::{DmaFault, GuestMemory, RegionMemory};
+use crate::memory::{DmaFault, FileRegion, GuestMemory, RegionMemory};
 use crate::namespace::Namespace;
 
 /// BAR holding the CMB (CMBLOC.BIR).
@@ -129,6 +130,7 @@ impl Interrupts for PciInterrupts {
 pub struct NvmeFunction {
     controller: Arc<NvmeController>,
     cmb: Option<Arc<SharedMemory>>,
+    pmr: Option<Arc<FileRegion>>,
 }
 
 impl NvmeFunction {
@@ -156,6 +158,7 @@ impl PciModel for NvmeFunction {
                     .map_err(|_| DeviceError::invalid("access outside BAR2")),
                 None => self.controller.read_cmb(offset, data).map_err(dma_error),
             },
+            PMR_BAR => self.controller.read_pmr(offset, data).map_err(dma_error),
             _ => Err(DeviceError::invalid("no such BAR")),
         }
     }
@@ -172,6 +175,7 @@ impl PciModel for NvmeFunction {
                     .map_err(|_| DeviceError::invalid("access outside BAR2")),
                 None => self.controller.write_cmb(offset, data).map_err(dma_error),
             },
+            PMR_BAR => self.controller.write_pmr(offset, data).map_err(dma_error),
             _ => Err(DeviceError::invalid("no such BAR")),
         }
     }
@@ -199,9 +203,14 @@ impl PciModel for NvmeFunction {
     }
 
     fn bar_backing(&self, bar: u8) -> Option<BarBacking> {
-        match (bar, &self.cmb) {
-            (CMB_BAR, Some(memory)) => Some(BarBacking {
+        match bar {
+            CMB_BAR => self.cmb.as_ref().map(|memory| BarBacking {
                 fd: memory.fd(),
+                fd_offset: 0,
+                areas: Vec::new(),
+            }),
+            PMR_BAR => self.pmr.as_ref().map(|file| BarBacking {
+                fd: file.fd(),
                 fd_offset: 0,
                 areas: Vec::new(),
             }),
@@ -231,6 +240,12 @@ pub fn config_space(cfg: &ControllerConfig, ids: &PciIds) -> Result<ConfigSpace,
     if let Some(size) = cfg.cmb_bar_size() {
         builder = builder.bar(usize::from(CMB_BAR), BarSpec::memory64(size).prefetchable());
     }
+    if cfg.pmr_size > 0 {
+        builder = builder.bar(
+            usize::from(PMR_BAR),
+            BarSpec::memory64(cfg.pmr_size).prefetchable(),
+        );
+    }
     builder.build().map_err(|e| e.0)
 }
 
@@ -245,11 +260,13 @@ pub enum BuildError {
     Memory(#[from] std::io::Error),
 }
 
-/// Builds the PCI function for a controller whose DMA goes through `dma`.
+/// Builds the PCI function for a controller whose DMA goes through `dma`,
+/// with a PMR in `pmr` when `cfg.pmr_size` is not 0.
 pub fn nvme_function(
     cfg: ControllerConfig,
     ids: &PciIds,
     namespaces: Vec<Arc<Namespace>>,
+    pmr: Option<Arc<FileRegion>>,
     dma: DmaSpace,
 ) -> Result<PciFunction<NvmeFunction>, BuildError> {
     cfg.validate()?;
@@ -269,16 +286,20 @@ pub fn nvme_function(
         namespaces = namespaces.len(),
         "building NVMe function"
     );
-    let controller = NvmeController::new(
+    let pmr_memory: Option<Arc<dyn RegionMemory>> =
+        pmr.as_ref().map(|p| Arc::clone(p) as Arc<dyn RegionMemory>);
+    let controller = NvmeController::with_pmr(
         cfg,
         namespaces,
         Arc::new(DmaSpaceMemory(dma)),
         cmb,
+        pmr_memory,
         Arc::new(PciInterrupts(Arc::clone(&irq))),
     )?;
     let model = NvmeFunction {
         controller: Arc::new(controller),
         cmb: shared,
+        pmr,
     };
     PciFunction::from_parts(config, irq, model).map_err(|e| BuildError::Pci(e.0))
 }
@@ -291,7 +312,7 @@ mod tests {
     #[test]
     fn config_space_describes_an_nvme_function_with_a_cmb() {
         let cfg = ControllerConfig::default();
-        let f = nvme_function(cfg, &PciIds::default(), Vec::new(), DmaSpace::new()).unwrap();
+        let f = nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
         let c = f.config();
         assert_eq!(c.read_u32(0x08).unwrap() >> 8, 0x01_08_02, "class code");
         assert_eq!(c.bar_size(0), Some(16 << 10));
@@ -312,12 +333,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pmr_is_bar4_backed_by_its_file() {
+        let path = std::env::temp_dir().join(format!("p2plab-nvme-bar4-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let region = Arc::new(FileRegion::open(&path, Some(1 << 20)).unwrap());
+        let cfg = ControllerConfig {
+            pmr_size: 1 << 20,
+            ..ControllerConfig::default()
+        };
+        let mut f = nvme_function(
+            cfg,
+            &PciIds::default(),
+            Vec::new(),
+            Some(region),
+            DmaSpace::new(),
+        )
+        .unwrap();
+        assert_eq!(f.config().bar_size(4), Some(1 << 20));
+        assert!(f.region_info(4).unwrap().fd.is_some());
+        f.region_write(4, 0x100, b"pmr!").unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[0x100..0x104], b"pmr!");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn bar_accesses_reach_the_controller_and_the_cmb() {
         let cfg = ControllerConfig {
             cmb_size: 6 << 20,
             ..ControllerConfig::default()
         };
-        let mut f = nvme_function(cfg, &PciIds::default(), Vec::new(), DmaSpace::new()).unwrap();
+        let mut f =
+            nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
         let mut vs = [0u8; 4];
         f.region_read(0, 0x08, &mut vs).unwrap();
         assert_eq!(u32::from_le_bytes(vs), 0x0001_0400);

@@ -21,6 +21,13 @@ pub mod reg {
     pub const BPINFO: u64 = 0x40;
     pub const CMBMSC: u64 = 0x50;
     pub const CMBSTS: u64 = 0x58;
+    pub const PMRCAP: u64 = 0xe00;
+    pub const PMRCTL: u64 = 0xe04;
+    pub const PMRSTS: u64 = 0xe08;
+    pub const PMREBS: u64 = 0xe0c;
+    pub const PMRSWTP: u64 = 0xe10;
+    pub const PMRMSCL: u64 = 0xe14;
+    pub const PMRMSCU: u64 = 0xe18;
     /// First doorbell; doorbells are `4 << CAP.DSTRD` bytes apart.
     pub const DOORBELLS: u64 = 0x1000;
 
@@ -48,6 +55,13 @@ pub mod reg {
             0x50 => "CMBMSC",
             0x54 => "CMBMSC.hi",
             0x58 => "CMBSTS",
+            0xe00 => "PMRCAP",
+            0xe04 => "PMRCTL",
+            0xe08 => "PMRSTS",
+            0xe0c => "PMREBS",
+            0xe10 => "PMRSWTP",
+            0xe14 => "PMRMSCL",
+            0xe18 => "PMRMSCU",
             o if o >= DOORBELLS => "doorbell",
             _ => "reserved",
         }
@@ -110,6 +124,26 @@ pub mod cmb {
     pub const MSC_CBA_MASK: u64 = !0xfff;
     // CMBSTS
     pub const STS_CBAI: u32 = 1 << 0;
+}
+
+/// PMR register fields (NVMe 1.4).
+pub mod pmr {
+    // PMRCAP
+    pub const CAP_RDS: u32 = 1 << 3;
+    pub const CAP_WDS: u32 = 1 << 4;
+    pub const CAP_BIR_SHIFT: u32 = 5;
+    /// PMRWBM bit 1: a read of PMRSTS completes only once earlier writes
+    /// to the PMR are persistent.
+    pub const CAP_WBM_STS_READ: u32 = 0x2 << 10;
+    pub const CAP_TO_SHIFT: u32 = 16;
+    pub const CAP_CMSS: u32 = 1 << 24;
+    // PMRCTL
+    pub const CTL_EN: u32 = 1;
+    // PMRSTS
+    pub const STS_NRDY: u32 = 1 << 8;
+    pub const STS_CBAI: u32 = 1 << 12;
+    // PMRMSCL
+    pub const MSC_CMSE: u32 = 1 << 1;
 }
 
 /// Admin command opcodes.

@@ -79,6 +79,8 @@ counters! {
     /// All DMA bytes, by target.
     cmb_read_bytes,
     cmb_write_bytes,
+    pmr_read_bytes,
+    pmr_write_bytes,
     host_read_bytes,
     host_write_bytes,
     /// Guest-memory accesses that failed.
@@ -109,6 +111,19 @@ pub struct CmbSnapshot {
     /// Data bytes written into / read out of the CMB by commands.
     pub data_bytes_to: u64,
     pub data_bytes_from: u64,
+    pub dma_read_bytes: u64,
+    pub dma_write_bytes: u64,
+}
+
+/// The Persistent Memory Region.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PmrSnapshot {
+    /// Size in bytes (0 = no PMR).
+    pub size: u64,
+    /// PMRCTL.EN.
+    pub enabled: bool,
+    /// PMRMSC.CBA as latched with CMSE.
+    pub cba: Option<u64>,
     pub dma_read_bytes: u64,
     pub dma_write_bytes: u64,
 }
@@ -170,6 +185,7 @@ pub struct StatsSnapshot {
     pub uptime_ms: u64,
     pub controller: ControllerSnapshot,
     pub cmb: CmbSnapshot,
+    pub pmr: PmrSnapshot,
     pub host: HostMemorySnapshot,
     pub queues: Vec<QueueSnapshot>,
     pub namespaces: Vec<NamespaceSnapshot>,

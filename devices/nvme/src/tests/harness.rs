@@ -73,6 +73,14 @@ impl Host {
     }
 
     pub fn with(config: ControllerConfig, namespaces: Vec<Arc<Namespace>>) -> Self {
+        Self::with_pmr(config, namespaces, None)
+    }
+
+    pub fn with_pmr(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        pmr: Option<Arc<dyn RegionMemory>>,
+    ) -> Self {
         let guest = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE));
         let cmb = Arc::new(HeapRegion::new(CMB_SIZE as usize));
         let irq = RecordingInterrupts::new();
@@ -82,8 +90,9 @@ impl Host {
             None
         };
         let max = usize::from(config.max_io_queues) + 1;
-        let ctrl = NvmeController::new(config, namespaces, guest.clone(), cmb_dyn, irq.clone())
-            .expect("controller");
+        let ctrl =
+            NvmeController::with_pmr(config, namespaces, guest.clone(), cmb_dyn, pmr, irq.clone())
+                .expect("controller");
         ctrl.set_cmb_bar_address(Some(CMB_BAR));
         let mut queues = Vec::new();
         queues.resize_with(max, || None);

@@ -5,4 +5,5 @@ mod admin_cmds;
 mod doorbells;
 mod harness;
 mod io_cmds;
+mod pmr;
 mod registers;
