@@ -12,7 +12,7 @@ use p2plab_pci::{
     BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
     MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
 };
-use p2plab_vfio_user::{DeviceError, DmaSpace, DmaTarget, SharedMemory};
+use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory};
 use tracing::{debug, info};
 
 use crate::config::ControllerConfig;
@@ -49,33 +49,15 @@ impl Default for PciIds {
     }
 }
 
-/// Largest DMA_READ this device asks the client for. QEMU 11.1 answers a
-/// DMA_READ with one reply message carrying the data; replies larger than
-/// its socket send buffer stall for many seconds and then trip an
-/// assertion in QEMU (seen with 512 KiB reads from a peer GPU BAR). Small
-/// requests keep each reply well inside the buffer.
-pub const MAX_MESSAGE_READ: usize = 64 << 10;
-
 /// Guest memory through the vfio-user DMA space.
 pub struct DmaSpaceMemory(pub DmaSpace);
 
 impl GuestMemory for DmaSpaceMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len() as u64;
-        if buf.len() <= MAX_MESSAGE_READ || self.0.classify(addr, len) == DmaTarget::GuestMemory {
-            return self
-                .0
-                .read(addr, buf)
-                .map_err(|e| DmaFault::new(addr, len, e.to_string()));
-        }
-        let mut at = addr;
-        for chunk in buf.chunks_mut(MAX_MESSAGE_READ) {
-            self.0
-                .read(at, chunk)
-                .map_err(|e| DmaFault::new(at, chunk.len() as u64, e.to_string()))?;
-            at = at.wrapping_add(chunk.len() as u64);
-        }
-        Ok(())
+        // Large reads from fd-less ranges are split by the transport.
+        self.0
+            .read(addr, buf)
+            .map_err(|e| DmaFault::new(addr, buf.len() as u64, e.to_string()))
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {

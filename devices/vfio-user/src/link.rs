@@ -24,6 +24,13 @@ use crate::dma::DmaError;
 use crate::protocol::{cmd, command_name, Header, Reader, Writer};
 use crate::socket::send_all;
 
+/// Largest DMA_READ we ask the client for. QEMU 11.1 answers a DMA_READ with
+/// one reply carrying the data; replies larger than its socket send buffer
+/// stall for seconds and then trip an assertion in QEMU (seen with 512 KiB
+/// reads from a peer GPU BAR). Requests of 64 KiB keep every reply well
+/// inside that buffer, whatever max_data_xfer_size was negotiated.
+pub const MAX_DMA_READ_REPLY: usize = 64 << 10;
+
 /// Locks a mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent even if a holder panicked.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -192,10 +199,11 @@ impl Link {
     }
 
     /// Reads guest memory through DMA_READ messages, in chunks of the
-    /// negotiated transfer size.
+    /// negotiated transfer size, and never more than
+    /// [`MAX_DMA_READ_REPLY`] per request.
     pub(crate) fn dma_read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let mut addr = gpa;
-        for chunk in buf.chunks_mut(self.max_xfer()) {
+        for chunk in buf.chunks_mut(self.max_xfer().min(MAX_DMA_READ_REPLY)) {
             let count = chunk.len() as u64;
             let mut req = Writer::with_capacity(16);
             req.u64(addr).u64(count);
@@ -218,7 +226,8 @@ impl Link {
         Ok(())
     }
 
-    /// Writes guest memory through DMA_WRITE messages.
+    /// Writes guest memory through DMA_WRITE messages (no extra cap: the
+    /// data travels in our request, not in QEMU's reply).
     pub(crate) fn dma_write(&self, gpa: u64, data: &[u8]) -> Result<(), DmaError> {
         let mut addr = gpa;
         for chunk in data.chunks(self.max_xfer()) {
