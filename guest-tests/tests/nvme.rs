@@ -20,44 +20,46 @@ const SCRIPT: &str = r#"
 set -u
 out=/run/p2plab
 fail() { echo "FAILED: $*"; exit 1; }
-[ -b /dev/nvme0n1 ] || fail "no /dev/nvme0n1"
-[ -b /dev/nvme0n2 ] || fail "no /dev/nvme0n2"
+# Namespaces by NSID: Linux names them in probe order, which varies.
+ns1=$(p2plab-nvme-ns 1) || fail "no namespace 1"
+ns2=$(p2plab-nvme-ns 2) || fail "no namespace 2"
+[ -b $ns1 ] && [ -b $ns2 ] || fail "no block devices for $ns1 $ns2"
 ctrl=/sys/class/nvme/nvme0
 bdf=$(basename "$(readlink -f $ctrl/device)")
 
 nvme list -o json > $out/list.json
 nvme id-ctrl /dev/nvme0 -o json > $out/id-ctrl.json
-nvme id-ns /dev/nvme0n1 -o json > $out/id-ns1.json
-nvme id-ns /dev/nvme0n2 -o json > $out/id-ns2.json
-nvme ns-descs /dev/nvme0n1 -o json > $out/ns-descs1.json
-nvme ns-descs /dev/nvme0n2 -o json > $out/ns-descs2.json
+nvme id-ns $ns1 -o json > $out/id-ns1.json
+nvme id-ns $ns2 -o json > $out/id-ns2.json
+nvme ns-descs $ns1 -o json > $out/ns-descs1.json
+nvme ns-descs $ns2 -o json > $out/ns-descs2.json
 echo "BOGUS_IDS=$(dmesg | grep -c 'bogus')"
 
 # Data-path commands, each checked by reading back.
 dd if=/dev/urandom of=/tmp/rand bs=4096 count=16 2>/dev/null
-dd if=/tmp/rand of=/dev/nvme0n1 bs=4096 count=16 oflag=direct 2>/dev/null
-cmp <(dd if=/dev/nvme0n1 bs=4096 count=16 iflag=direct 2>/dev/null) /tmp/rand && echo "READBACK=ok" || echo "READBACK=bad"
-nvme write-zeroes /dev/nvme0n1 --start-block=8 --block-count=7 >/dev/null && echo "WZ_CMD=ok"
-zeros=$(dd if=/dev/nvme0n1 bs=512 skip=8 count=8 iflag=direct 2>/dev/null | tr -d '\0' | wc -c)
+dd if=/tmp/rand of=$ns1 bs=4096 count=16 oflag=direct 2>/dev/null
+cmp <(dd if=$ns1 bs=4096 count=16 iflag=direct 2>/dev/null) /tmp/rand && echo "READBACK=ok" || echo "READBACK=bad"
+nvme write-zeroes $ns1 --start-block=8 --block-count=7 >/dev/null && echo "WZ_CMD=ok"
+zeros=$(dd if=$ns1 bs=512 skip=8 count=8 iflag=direct 2>/dev/null | tr -d '\0' | wc -c)
 echo "WZ_NONZERO_BYTES=$zeros"
-kept=$(cmp <(dd if=/dev/nvme0n1 bs=512 count=8 iflag=direct 2>/dev/null) <(dd if=/tmp/rand bs=512 count=8 2>/dev/null) && echo ok || echo bad)
+kept=$(cmp <(dd if=$ns1 bs=512 count=8 iflag=direct 2>/dev/null) <(dd if=/tmp/rand bs=512 count=8 2>/dev/null) && echo ok || echo bad)
 echo "WZ_NEIGHBOURS=$kept"
-nvme dsm /dev/nvme0n1 --ad --slbs=32 --blocks=32 >/dev/null && echo "DSM_CMD=ok"
-echo "DSM_NONZERO_BYTES=$(dd if=/dev/nvme0n1 bs=512 skip=32 count=32 iflag=direct 2>/dev/null | tr -d '\0' | wc -c)"
-nvme flush /dev/nvme0n1 >/dev/null && echo "FLUSH_CMD=ok"
+nvme dsm $ns1 --ad --slbs=32 --blocks=32 >/dev/null && echo "DSM_CMD=ok"
+echo "DSM_NONZERO_BYTES=$(dd if=$ns1 bs=512 skip=32 count=32 iflag=direct 2>/dev/null | tr -d '\0' | wc -c)"
+nvme flush $ns1 >/dev/null && echo "FLUSH_CMD=ok"
 
 # fio verify workloads: sizes, depths, engines, several jobs on several queues.
 for bs in 4k 128k; do for qd in 1 32; do for engine in libaio io_uring; do
-  fio --name=v --filename=/dev/nvme0n1 --direct=1 --rw=randwrite --bs=$bs --iodepth=$qd \
+  fio --name=v --filename=$ns1 --direct=1 --rw=randwrite --bs=$bs --iodepth=$qd \
       --ioengine=$engine --size=32M --offset=64M --verify=crc32c --do_verify=1 \
       --verify_fatal=1 --output-format=terse >/dev/null 2>$out/fio.err \
     && echo "FIO_${bs}_QD${qd}_${engine}=ok" || { echo "FIO_${bs}_QD${qd}_${engine}=failed"; cat $out/fio.err; }
 done; done; done
-fio --name=par --filename=/dev/nvme0n2 --direct=1 --rw=randrw --bs=16k --iodepth=16 \
+fio --name=par --filename=$ns2 --direct=1 --rw=randrw --bs=16k --iodepth=16 \
     --ioengine=io_uring --numjobs=4 --size=16M --offset_increment=32M --verify=md5 \
     --verify_fatal=1 --group_reporting --output-format=terse >/dev/null 2>$out/fio.err \
   && echo "FIO_PARALLEL=ok" || { echo "FIO_PARALLEL=failed"; cat $out/fio.err; }
-echo "IO_QUEUES=$(ls -d /sys/block/nvme0n1/mq/* | wc -l)"
+echo "IO_QUEUES=$(ls -d /sys/block/${ns1#/dev/}/mq/* | wc -l)"
 
 nvme smart-log /dev/nvme0 -o json > $out/smart.json
 nvme error-log /dev/nvme0 -e 8 -o json > $out/error-log.json
@@ -235,7 +237,7 @@ fn data_survives_a_server_restart() {
     let write = r#"
 set -e
 dd if=/dev/urandom of=/run/p2plab/blob bs=1M count=4 2>/dev/null
-dd if=/run/p2plab/blob of=/dev/nvme0n1 bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null
+dd if=/run/p2plab/blob of=$(p2plab-nvme-ns 1) bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null
 echo "SUM=$(md5sum < /run/p2plab/blob | cut -d' ' -f1)"
 "#;
     let first = run_guest(
@@ -257,7 +259,7 @@ echo "SUM=$(md5sum < /run/p2plab/blob | cut -d' ' -f1)"
 
     let read = r#"
 set -e
-echo "SUM=$(dd if=/dev/nvme0n1 bs=1M skip=100 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+echo "SUM=$(dd if=$(p2plab-nvme-ns 1) bs=1M skip=100 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
 "#;
     let second = run_guest(
         "lab",

@@ -13,9 +13,9 @@ use serde_json::Value;
 const PRELUDE: &str = r#"
 set -u
 by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
-nvme0_bdf=$(basename "$(readlink -f /sys/class/nvme/nvme0/device)")
 gpu_bdf=$(by_class 0x030200 | head -n1)
 MiB=1048576
+ns=$(p2plab-nvme-ns 1)
 "#;
 
 const LAB_SCRIPT: &str = r#"
@@ -25,20 +25,21 @@ echo "GPU_P2P_PUBLISHED=$(cat $gpu/p2pmem/published)"
 echo "GPU_P2P_SIZE=$(cat $gpu/p2pmem/size)"
 echo "GPU_P2P_AVAILABLE=$(cat $gpu/p2pmem/available)"
 echo "GPU_P2P_ADDED=$(dmesg | grep -c "$gpu_bdf: added peer-to-peer DMA memory")"
+sed -n 3p $gpu/resource | { read start end flags; echo "GPU_BAR2_START=$start"; echo "GPU_BAR2_END=$end"; }
 
 # 1. NVMe -> GPU: a known pattern on the namespace, read with O_DIRECT into
 #    GPU p2pmem in 1 MiB chunks; the GPU's engine checksums the bytes in VRAM.
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=64 2>/dev/null
-dd if=/tmp/pattern of=/dev/nvme0n1 bs=1M oflag=direct 2>/dev/null
+dd if=/tmp/pattern of=$ns bs=1M oflag=direct 2>/dev/null
 echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
-p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 64M --chunk 1M \
+p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 64M --chunk 1M \
   --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/n2g.crc' \
   > /run/p2plab/n2g.out 2>&1; echo "N2G_STATUS=$?"
 sed 's/^/N2G_/' /run/p2plab/n2g.out
 echo "N2G_GPU_CRC=$(cat /run/p2plab/n2g.crc)"
 
 # 5. Sizes: thousands of 4 KiB transfers, with two threads (6. load).
-p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 16M --chunk 4K --threads 2 \
+p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 16M --chunk 4K --threads 2 \
   --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/small.crc' \
   > /run/p2plab/small.out 2>&1; echo "SMALL_STATUS=$?"
 sed 's/^/SMALL_/' /run/p2plab/small.out
@@ -47,12 +48,12 @@ echo "SMALL_GPU_CRC=$(cat /run/p2plab/small.crc)"
 
 # 2. GPU -> NVMe: the GPU's engine fills p2pmem in VRAM, O_DIRECT writes it
 #    to the namespace at 128 MiB, four threads at once; normal I/O reads back.
-p2plab-p2pio --p2pmem $gpu_bdf write --dev /dev/nvme0n1 --offset 128M --len 64M --chunk 1M --threads 4 \
+p2plab-p2pio --p2pmem $gpu_bdf write --dev $ns --offset 128M --len 64M --chunk 1M --threads 4 \
   --hook 'p2plab-gpu-tool fill32 $P2P_BAR_OFFSET $P2P_LEN 0x5a17c0de && p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/g2n.crc' \
   > /run/p2plab/g2n.out 2>&1; echo "G2N_STATUS=$?"
 sed 's/^/G2N_/' /run/p2plab/g2n.out
 echo 3 > /proc/sys/vm/drop_caches
-dd if=/dev/nvme0n1 of=/tmp/back bs=1M skip=128 count=64 2>/dev/null
+dd if=$ns of=/tmp/back bs=1M skip=128 count=64 2>/dev/null
 echo "G2N_READBACK_CRC=$(p2plab-gpu-tool crc32c /tmp/back)"
 echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc)"
 
@@ -67,6 +68,27 @@ echo "REBOUND_PUBLISHED=$(cat $gpu/p2pmem/published 2>/dev/null)"
 echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t')"
 exit 0
 "#;
+
+/// Bytes a server's debug log shows moved by DMA messages (`read` or
+/// `write`) to guest-physical addresses inside `[start, end]`.
+fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
+    let marker = format!(
+        "dma {direction} via DMA_{} messages",
+        direction.to_uppercase()
+    );
+    log.lines()
+        .filter(|line| line.contains(&marker))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<u64> {
+                let at = line.find(name)? + name.len();
+                line[at..].split_whitespace().next()?.parse().ok()
+            };
+            Some((field("gpa=")?, field("len=")?))
+        })
+        .filter(|&(gpa, len)| gpa >= start && gpa + len <= end + 1)
+        .map(|(_, len)| len)
+        .sum()
+}
 
 fn stats(run: &GuestRun, id: &str) -> Value {
     let text = common::server_stats(run, id);
@@ -86,6 +108,17 @@ fn counter(v: &Value, key: &str) -> u64 {
     find(v, key)
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("no counter {key} in {v}"))
+}
+
+#[test]
+fn log_parser_sums_only_the_window() {
+    let log = "x DEBUG dma write via DMA_WRITE messages gpa=4096 len=512\n\
+               x DEBUG dma write via DMA_WRITE messages gpa=100 len=512\n\
+               x DEBUG dma read via DMA_READ messages gpa=4096 len=8\n";
+    assert_eq!(message_dma_bytes_in(log, "write", 4096, 8191), 512);
+    assert_eq!(message_dma_bytes_in(log, "read", 4096, 8191), 8);
+    assert_eq!(message_dma_bytes_in(log, "write", 0, 4095), 512);
+    assert_eq!(message_dma_bytes_in(log, "write", 8192, 9000), 0);
 }
 
 #[test]
@@ -140,6 +173,19 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         counter(&nvme, "dma_message_read_bytes") >= 64 << 20,
         "{nvme}"
     );
+    // The debug log names the addresses: those bytes landed inside BAR2.
+    let (bar2_start, bar2_end) = (run.fact_u64("GPU_BAR2_START"), run.fact_u64("GPU_BAR2_END"));
+    let log = run.file("nvme0.log");
+    let into_bar2 = message_dma_bytes_in(&log, "write", bar2_start, bar2_end);
+    let from_bar2 = message_dma_bytes_in(&log, "read", bar2_start, bar2_end);
+    assert!(
+        into_bar2 >= (64 + 16) << 20,
+        "NVMe DMA writes into GPU BAR2: {into_bar2}"
+    );
+    assert!(
+        from_bar2 >= 64 << 20,
+        "NVMe DMA reads from GPU BAR2: {from_bar2}"
+    );
     let gpu = stats(&run, "gpu0");
     assert!(
         counter(&gpu, "bytes_checksummed") >= (64 + 64 + 16) << 20,
@@ -153,17 +199,20 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
 }
 
 const CMB_SCRIPT: &str = r#"
-nvme1_bdf=$(basename "$(readlink -f /sys/class/nvme/nvme1/device)")
+# Controllers by serial (set in two-nvme.args): probe order names them.
+src=$(p2plab-nvme-ns --serial P2PLAB-NVME0 1)
+dst=$(p2plab-nvme-ns --serial P2PLAB-NVME1 1)
+nvme1_bdf=$(basename "$(readlink -f /sys/class/nvme/$(p2plab-nvme-ns --ctrl-of P2PLAB-NVME1)/device)")
 echo "NVME1_P2P_PUBLISHED=$(cat /sys/bus/pci/devices/$nvme1_bdf/p2pmem/published)"
 # 3. NVMe -> NVMe through nvme1's CMB: 64 MiB in 1 MiB chunks, two threads.
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=64 2>/dev/null
-dd if=/tmp/pattern of=/dev/nvme0n1 bs=1M oflag=direct 2>/dev/null
-p2plab-p2pio --p2pmem $nvme1_bdf copy --src /dev/nvme0n1 --dst /dev/nvme1n1 --len 64M --chunk 1M \
+dd if=/tmp/pattern of=$src bs=1M oflag=direct 2>/dev/null
+p2plab-p2pio --p2pmem $nvme1_bdf copy --src $src --dst $dst --len 64M --chunk 1M \
   --threads 2 --buffer 8M > /run/p2plab/cmb.out 2>&1; echo "CMB_STATUS=$?"
 sed 's/^/CMB_/' /run/p2plab/cmb.out
 echo 3 > /proc/sys/vm/drop_caches
-echo "SRC_SUM=$(dd if=/dev/nvme0n1 bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
-echo "DST_SUM=$(dd if=/dev/nvme1n1 bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+echo "SRC_SUM=$(dd if=$src bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+echo "DST_SUM=$(dd if=$dst bs=1M count=64 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
 echo "PATTERN_SUM=$(md5sum < /tmp/pattern | cut -d' ' -f1)"
 exit 0
 "#;
@@ -194,7 +243,7 @@ fn nvme_to_nvme_through_a_cmb() {
 
 const REFUSED_SCRIPT: &str = r#"
 dmesg -C
-p2plab-p2pio --p2pmem $gpu_bdf read --dev /dev/nvme0n1 --len 1M --chunk 1M > /run/p2plab/refused.out 2>&1
+p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 1M --chunk 1M > /run/p2plab/refused.out 2>&1
 echo "REFUSED_STATUS=$?"
 sed 's/^/REFUSED_/' /run/p2plab/refused.out
 echo "REFUSED_DMESG=$(dmesg | grep -c 'cannot be used for peer-to-peer DMA as the client and provider .* do not share an upstream bridge or whitelisted host bridge')"
