@@ -586,7 +586,7 @@ impl Lab {
         self.qemu
             .iter()
             .chain(self.servers.iter())
-            .filter_map(|p| Some((p.name.clone(), crate::process::peak_rss(p.pid()?)?)))
+            .filter_map(|p| Some((p.name.clone(), p.peak_rss()?)))
             .collect()
     }
 

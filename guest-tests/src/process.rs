@@ -3,7 +3,7 @@
 //! is stopped politely (SIGTERM) before it is killed.
 
 use std::fs::File;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
@@ -20,11 +20,14 @@ pub enum Lifetime {
     Detached,
 }
 
-/// A named child process that is stopped when dropped.
+/// A named child process that is stopped when dropped. It is reaped with
+/// wait4(2) so its peak memory (ru_maxrss) is known after it exits.
 #[derive(Debug)]
 pub struct LabProcess {
     pub name: String,
     child: Option<Child>,
+    /// Exit status and peak RSS in bytes, once reaped.
+    exited: Option<(ExitStatus, u64)>,
 }
 
 impl LabProcess {
@@ -79,6 +82,7 @@ impl LabProcess {
         Ok(Self {
             name: name.to_owned(),
             child: Some(child),
+            exited: None,
         })
     }
 
@@ -88,45 +92,71 @@ impl LabProcess {
 
     /// `Some(status)` once the process has exited.
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
-        match self.child.as_mut() {
-            Some(child) => child
-                .try_wait()
-                .with_context(|| format!("waiting for {}", self.name)),
-            None => Ok(None),
+        self.reap(libc::WNOHANG)
+    }
+
+    /// Blocks until the process exits.
+    pub fn wait(&mut self) -> Result<Option<ExitStatus>> {
+        self.reap(0)
+    }
+
+    /// Peak resident memory in bytes: ru_maxrss once reaped, else VmHWM.
+    pub fn peak_rss(&self) -> Option<u64> {
+        match (self.exited, self.pid()) {
+            (Some((_, rss)), _) => Some(rss),
+            (None, Some(pid)) => peak_rss(pid),
+            (None, None) => None,
         }
     }
 
-    pub fn wait(&mut self) -> Result<Option<ExitStatus>> {
-        match self.child.as_mut() {
-            Some(child) => Ok(Some(
-                child
-                    .wait()
-                    .with_context(|| format!("waiting for {}", self.name))?,
-            )),
-            None => Ok(None),
+    fn reap(&mut self, flags: i32) -> Result<Option<ExitStatus>> {
+        if let Some((status, _)) = self.exited {
+            return Ok(Some(status));
+        }
+        let Some(pid) = self.pid().and_then(|p| libc::pid_t::try_from(p).ok()) else {
+            return Ok(None);
+        };
+        let mut raw_status = 0;
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on our own child's pid with valid out-pointers.
+        let reaped = unsafe { libc::wait4(pid, &mut raw_status, flags, &mut usage) };
+        match reaped {
+            0 => Ok(None),
+            r if r < 0 => Err(std::io::Error::last_os_error())
+                .with_context(|| format!("waiting for {}", self.name)),
+            _ => {
+                let status = ExitStatus::from_raw(raw_status);
+                let max_rss = u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024;
+                self.exited = Some((status, max_rss));
+                Ok(Some(status))
+            }
         }
     }
 
     /// SIGTERM, then SIGKILL after `grace`. Returns the exit status.
     pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        signal_pid(child.id(), libc::SIGTERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
+        if self.exited.is_none() {
+            let pid = self.pid()?;
+            if let Ok(Some(status)) = self.try_wait() {
                 return Some(status);
             }
-            sleep(Duration::from_millis(20));
+            signal_pid(pid, libc::SIGTERM);
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if let Ok(Some(status)) = self.try_wait() {
+                    return Some(status);
+                }
+                sleep(Duration::from_millis(20));
+            }
+            signal_pid(pid, libc::SIGKILL);
         }
-        let _ = child.kill();
-        child.wait().ok()
+        self.wait().ok().flatten()
     }
 
     /// Leaves the process running (for `--keep`): nothing stops it on drop.
     pub fn release(mut self) -> Option<u32> {
+        self.exited = None;
         self.child.take().map(|c| c.id())
     }
 }

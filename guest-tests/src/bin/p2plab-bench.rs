@@ -206,14 +206,32 @@ fn run(cli: &Cli) -> Result<()> {
             if b > 0.0 { a / b } else { 0.0 }
         );
     }
-    for (figures, who) in [(&ours, "p2plab"), (&anchor, "anchor")] {
-        for (name, samples) in &figures.rss {
-            let mut v: Vec<f64> = samples
-                .iter()
-                .map(|&b| b as f64 / (1024.0 * 1024.0))
-                .collect();
-            println!("peak RSS {who} {name}: {:.0} MiB", median(&mut v));
-        }
+    // Memory: QEMU's peak RSS includes the guest RAM it touched (shared
+    // with the servers, so not counted twice); the servers add their own.
+    let rss = |f: &Figures, name: &str| -> f64 {
+        let mut v: Vec<f64> = f
+            .rss
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(|&b| b as f64 / (1024.0 * 1024.0))
+            .collect();
+        median(&mut v)
+    };
+    println!(
+        "{:<22} {:>16} {:>16} {:>8.2}",
+        "peak RSS MiB: QEMU",
+        format!("{:.0}", rss(&ours, "qemu")),
+        format!("{:.0}", rss(&anchor, "qemu")),
+        rss(&ours, "qemu") / rss(&anchor, "qemu").max(1.0)
+    );
+    for name in ours.rss.keys().filter(|n| *n != "qemu") {
+        println!(
+            "{:<22} {:>16} {:>16}",
+            format!("peak RSS MiB: {name}"),
+            format!("{:.0}", rss(&ours, name)),
+            "-"
+        );
     }
     Ok(())
 }
