@@ -216,6 +216,8 @@ pub struct Lab {
     pub run_dir: PathBuf,
     servers: Vec<LabProcess>,
     qemu: Option<LabProcess>,
+    /// Left running on purpose (`--keep`): dropping must not tidy up.
+    detached: bool,
 }
 
 impl Lab {
@@ -266,6 +268,7 @@ impl Lab {
             run_dir,
             servers: Vec::new(),
             qemu: None,
+            detached: false,
         };
         let lifetime = match options.mode {
             Mode::Keep(_) => Lifetime::Detached,
@@ -615,6 +618,7 @@ impl Lab {
                 pids.push_str(&format!("{name} {pid}\n"));
             }
         }
+        self.detached = true;
         std::fs::write(self.run_dir.join("pids"), pids)?;
         Ok(())
     }
@@ -622,7 +626,9 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        self.stop_servers();
+        if !self.detached {
+            self.stop_servers();
+        }
     }
 }
 

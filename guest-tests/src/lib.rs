@@ -3,6 +3,7 @@
 //! `p2plab-vm` CLI (behind `scripts/run-vm`), the end-to-end tests and the
 //! benchmarks.
 
+pub mod attach;
 pub mod console;
 pub mod lab;
 pub mod paths;

@@ -108,3 +108,44 @@ fn bad_options_are_refused_before_anything_starts() {
     let err = Lab::run(&options).unwrap_err();
     assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
 }
+
+#[test]
+fn keep_leaves_the_lab_up_until_stop() {
+    let mut options = LabOptions::new("lab", Mode::Keep(Some("echo KEPT=yes".to_owned())));
+    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.stream_output = false;
+    options.state = Some(common::test_state_dir("keep"));
+    let outcome = Lab::run(&options).expect("the lab comes up");
+    assert_eq!(outcome.status, Some(0));
+    assert_eq!(
+        common::parse_facts(&outcome.output)
+            .get("KEPT")
+            .map(String::as_str),
+        Some("yes")
+    );
+
+    let run = &outcome.run_dir;
+    let pids: Vec<u32> = std::fs::read_to_string(run.join("pids"))
+        .expect("pids file")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 3, "qemu, nvme0 and gpu0 stay up");
+    assert!(pids.iter().all(|&p| p2plab_harness::process::pid_alive(p)));
+    assert!(
+        run.join("console.sock").exists(),
+        "the console can be attached"
+    );
+
+    p2plab_harness::lab::stop_kept(run).expect("stop");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for pid in pids {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie of a parent that is not us (reaped by init).
+        assert!(
+            state.is_empty() || state.contains(") Z "),
+            "pid {pid} still runs: {state}"
+        );
+    }
+    assert!(!run.join("console.sock").exists(), "sockets removed");
+}

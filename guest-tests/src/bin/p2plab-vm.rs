@@ -45,6 +45,11 @@ struct Cli {
     #[arg(long, value_name = "RUNDIR", conflicts_with_all = ["exec", "keep"])]
     stop: Option<PathBuf>,
 
+    /// Attach this terminal to the console of a lab left up with --keep
+    /// (its run folder, or `latest`); Ctrl-] detaches.
+    #[arg(long, value_name = "RUNDIR", conflicts_with_all = ["exec", "keep", "stop"])]
+    attach: Option<PathBuf>,
+
     /// Give up on --exec after this many seconds (exit status 125).
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     timeout: Option<Duration>,
@@ -95,13 +100,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Some(dir) = cli.stop {
-        let dir = if dir.as_os_str() == "latest" {
+    let run_folder = |dir: PathBuf| -> anyhow::Result<PathBuf> {
+        Ok(if dir.as_os_str() == "latest" {
             LabPaths::discover()?.runs.join("latest")
         } else {
             dir
-        };
-        stop_kept(&dir)?;
+        })
+    };
+    if let Some(dir) = cli.stop {
+        stop_kept(&run_folder(dir)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(dir) = cli.attach {
+        p2plab_harness::attach::attach(&run_folder(dir)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     if cli.setup_only {
@@ -141,7 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Mode::Keep(_) => {
             eprintln!("p2plab: the lab stays up; run folder {run}");
-            eprintln!("  console:  socat -,raw,echo=0,escape=0x1d UNIX-CONNECT:{run}/console.sock  (Ctrl-] leaves)");
+            eprintln!("  console:  scripts/run-vm --attach {run}  (Ctrl-] detaches)");
             eprintln!("  monitor:  socat - UNIX-CONNECT:{run}/monitor.sock");
             eprintln!("  stop:     scripts/run-vm --stop {run}");
             Ok(ExitCode::from(
