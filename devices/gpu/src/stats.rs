@@ -1,7 +1,5 @@
 //! Counters the host side reads to check what the engine really did.
 
-use std::io::{self, Write};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
@@ -87,20 +85,6 @@ impl Stats {
     }
 }
 
-/// Writes `json` to `path` atomically (temporary file, then rename), so a
-/// reader never sees a half-written file.
-pub fn write_stats_file(path: &Path, json: &str) -> io::Result<()> {
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = Path::new(&tmp_name);
-    {
-        let mut file = std::fs::File::create(tmp)?;
-        file.write_all(json.as_bytes())?;
-        file.write_all(b"\n")?;
-    }
-    std::fs::rename(tmp, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,17 +106,5 @@ mod tests {
             .snapshot(0, 0)
             .to_json_with(&[("dma_message_write_bytes", 7)]);
         assert!(more.ends_with(",\"dma_message_write_bytes\":7}"), "{more}");
-    }
-
-    #[test]
-    fn stats_file_is_replaced_atomically() {
-        let dir = std::env::temp_dir().join(format!("p2plab-gpu-stats-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("stats.json");
-        write_stats_file(&path, "{\"a\":1}").unwrap();
-        write_stats_file(&path, "{\"a\":2}").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":2}\n");
-        assert!(!dir.join("stats.json.tmp").exists());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

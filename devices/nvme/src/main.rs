@@ -1,39 +1,53 @@
 //! `p2plab-nvme`: serves the NVMe controller over vfio-user.
 //!
-//! Wiring only: command line, logging, signals, the stats file. The
+//! Wiring only: the controller's flags and how its counters read. The
 //! controller is `p2plab_nvme`, the PCI function `p2plab_nvme::server`, the
-//! transport p2plab-vfio-user.
+//! transport p2plab-vfio-user, and the process plumbing (common flags,
+//! logging, signals, stats file) p2plab-server.
 
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::Parser;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::parse_size;
 use p2plab_nvme::server::{nvme_function, PciIds};
 use p2plab_nvme::RegionMemory;
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
-use p2plab_vfio_user::{DmaSpace, Server, ServerConfig, ShutdownHandle};
-use tracing::{error, info, info_span, warn};
-use tracing_subscriber::EnvFilter;
+use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_vfio_user::{DmaSpace, Server};
+use tracing::{info, info_span};
+
+const PROCESS: ServerProcess = ServerProcess {
+    name: "p2plab-nvme",
+    thread_prefix: "nvme",
+    counters_on_sigusr1: true,
+    // The shutdown flushes the namespaces; let it finish.
+    second_signal: SecondSignal::Ignore,
+    log_counters_every: None,
+    span: |args| info_span!("nvme", socket = %args.socket.display()),
+};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "p2plab-nvme",
     version,
     about = "NVMe controller with a Controller Memory Buffer, served over vfio-user \
-             (attach with QEMU's vfio-user-pci)"
+             (attach with QEMU's vfio-user-pci)",
+    mut_arg("log_level", |arg| arg.help(
+        "Log filter (error, warn, info, debug, trace, or tracing directives). \
+         Without it RUST_LOG is used, else \"info\". Debug logs decoded \
+         register accesses and every command"
+    )),
+    mut_arg("stats_file", |arg| arg.help(
+        "Rewrite the controller's counters as JSON to this file every \
+         interval and at exit (SIGUSR1 also logs them)"
+    ))
 )]
 struct Args {
-    /// Unix socket to listen on (QEMU's vfio-user-pci connects here).
-    #[arg(long, value_name = "PATH")]
-    socket: PathBuf,
+    #[command(flatten)]
+    server: ServerArgs,
 
     /// A namespace; repeat for more (NSIDs 1, 2, ... in order).
     /// `file=PATH[,size=SIZE][,lba=512|4096]` uses a raw file or block
@@ -98,29 +112,6 @@ struct Args {
     /// Firmware revision (up to 8 ASCII characters).
     #[arg(long, value_name = "TEXT", default_value = env!("CARGO_PKG_VERSION"))]
     firmware: String,
-
-    /// Log filter (error, warn, info, debug, trace, or tracing directives).
-    /// Without it RUST_LOG is used, else "info". Debug logs decoded
-    /// register accesses and every command.
-    #[arg(long, value_name = "FILTER")]
-    log_level: Option<String>,
-
-    /// Append the log to this file instead of stderr.
-    #[arg(long, value_name = "PATH")]
-    log_file: Option<PathBuf>,
-
-    /// Exit when the client disconnects instead of waiting for the next one.
-    #[arg(long)]
-    exit_on_disconnect: bool,
-
-    /// Rewrite the controller's counters as JSON to this file every
-    /// interval and at exit (SIGUSR1 also logs them).
-    #[arg(long, value_name = "PATH")]
-    stats_file: Option<PathBuf>,
-
-    /// How often to rewrite the stats file, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    stats_interval_ms: u64,
 }
 
 fn parse_namespace(text: &str) -> Result<NamespaceSpec, String> {
@@ -173,7 +164,7 @@ fn default_serial(args: &Args) -> String {
             h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
         }
     };
-    if let Some(name) = args.socket.file_name() {
+    if let Some(name) = args.server.socket.file_name() {
         eat(name.as_encoded_bytes());
     }
     for spec in &args.namespaces {
@@ -186,60 +177,10 @@ fn default_serial(args: &Args) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // Before any thread exists, so every thread inherits the mask and only
-    // the signal thread receives them.
-    let signals = match Signals::block() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("p2plab-nvme: cannot block signals: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = init_logging(&args) {
-        eprintln!("p2plab-nvme: {e:#}");
-        return ExitCode::FAILURE;
-    }
-    match run(&args, signals) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e:#}");
-            if args.log_file.is_some() {
-                eprintln!("p2plab-nvme: {e:#}");
-            }
-            ExitCode::FAILURE
-        }
-    }
+    p2plab_server::run_main(&PROCESS, &args.server, |launch| run(&args, launch))
 }
 
-fn init_logging(args: &Args) -> Result<()> {
-    let filter = match &args.log_level {
-        Some(level) => EnvFilter::try_new(level)
-            .with_context(|| format!("--log-level: invalid filter {level:?}"))?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_thread_names(true);
-    match &args.log_file {
-        Some(path) => {
-            let file = File::options()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("--log-file {}", path.display()))?;
-            builder
-                .with_writer(Mutex::new(file))
-                .with_ansi(false)
-                .init();
-        }
-        None => builder.with_writer(std::io::stderr).init(),
-    }
-    Ok(())
-}
-
-fn run(args: &Args, signals: Signals) -> Result<()> {
-    let span = info_span!("nvme", socket = %args.socket.display());
-    let _span = span.enter();
+fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let pmr = match &args.pmr {
         Some(spec) => {
             let region =
@@ -310,34 +251,17 @@ fn run(args: &Args, signals: Signals) -> Result<()> {
         })?;
     let controller = Arc::clone(function.model().controller());
 
-    let mut server_config = ServerConfig::new(&args.socket);
-    server_config.exit_on_disconnect = args.exit_on_disconnect;
-    let server = Server::new(server_config, dma.clone())?;
-    signals.spawn_waiter(
-        server.shutdown_handle(),
-        Arc::clone(&controller),
-        dma.clone(),
-    )?;
-    let reporter = args
-        .stats_file
-        .as_ref()
-        .map(|path| {
-            StatsReporter::start(
-                path.clone(),
-                Duration::from_millis(args.stats_interval_ms.max(10)),
-                Arc::clone(&controller),
-                dma.clone(),
-            )
-        })
-        .transpose()?;
+    let server = Server::new(args.server.server_config(), dma.clone())?;
+    let counters = {
+        let controller = Arc::clone(&controller);
+        Arc::new(move || stats_json(&controller, &dma))
+    };
+    let running = launch.start(&server, counters)?;
 
     let result = server.run(&mut function);
     controller.flush_all();
     drop(function);
-    let json = stats_json(&controller, &dma);
-    if let Some(reporter) = reporter {
-        reporter.stop(&json);
-    }
+    running.finish();
     info!("p2plab-nvme exiting");
     result?;
     Ok(())
@@ -369,123 +293,4 @@ fn stats_json(controller: &NvmeController, dma: &DmaSpace) -> String {
         );
     }
     serde_json::to_string_pretty(&value).unwrap_or_default()
-}
-
-/// Writes `json` to `path` atomically (temporary file, then rename), so a
-/// reader never sees half a file.
-fn write_stats_file(path: &Path, json: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(json.as_bytes())?;
-        f.write_all(b"\n")?;
-    }
-    std::fs::rename(&tmp, path)
-}
-
-/// Rewrites the stats file on a thread until stopped.
-struct StatsReporter {
-    stop: mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-    path: PathBuf,
-}
-
-impl StatsReporter {
-    fn start(
-        path: PathBuf,
-        interval: Duration,
-        controller: Arc<NvmeController>,
-        dma: DmaSpace,
-    ) -> Result<Self> {
-        write_stats_file(&path, &stats_json(&controller, &dma))
-            .with_context(|| format!("--stats-file {}", path.display()))?;
-        let (stop, stopped) = mpsc::channel::<()>();
-        let file = path.clone();
-        let span = tracing::Span::current();
-        let thread = std::thread::Builder::new()
-            .name("nvme-stats".into())
-            .spawn(move || {
-                let _span = span.enter();
-                loop {
-                    match stopped.recv_timeout(interval) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => return,
-                    }
-                    if let Err(e) = write_stats_file(&file, &stats_json(&controller, &dma)) {
-                        warn!(error = %e, file = %file.display(), "cannot write stats");
-                    }
-                }
-            })
-            .context("cannot start the stats thread")?;
-        Ok(Self { stop, thread, path })
-    }
-
-    fn stop(self, final_json: &str) {
-        let _ = self.stop.send(());
-        let _ = self.thread.join();
-        if let Err(e) = write_stats_file(&self.path, final_json) {
-            warn!(error = %e, file = %self.path.display(), "cannot write final stats");
-        }
-    }
-}
-
-/// SIGTERM, SIGINT, SIGHUP (shut down) and SIGUSR1 (log the counters),
-/// blocked in every thread and taken by one waiter thread.
-struct Signals {
-    set: libc::sigset_t,
-}
-
-impl Signals {
-    fn block() -> std::io::Result<Self> {
-        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-        // SAFETY: sigemptyset initialises the set before anything reads it;
-        // sigaddset and pthread_sigmask only use that initialised set.
-        unsafe {
-            libc::sigemptyset(set.as_mut_ptr());
-            let mut set = set.assume_init();
-            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
-                libc::sigaddset(&mut set, signal);
-            }
-            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            if rc != 0 {
-                return Err(std::io::Error::from_raw_os_error(rc));
-            }
-            Ok(Self { set })
-        }
-    }
-
-    fn spawn_waiter(
-        self,
-        shutdown: ShutdownHandle,
-        controller: Arc<NvmeController>,
-        dma: DmaSpace,
-    ) -> Result<()> {
-        let span = tracing::Span::current();
-        std::thread::Builder::new()
-            .name("nvme-signals".into())
-            .spawn(move || {
-                let _span = span.enter();
-                loop {
-                    let mut signal: libc::c_int = 0;
-                    // SAFETY: `self.set` is an initialised signal set and
-                    // `signal` a valid out-pointer for the call.
-                    let rc = unsafe { libc::sigwait(&self.set, &mut signal) };
-                    if rc != 0 {
-                        warn!(errno = rc, "sigwait failed; signals ignored from now on");
-                        return;
-                    }
-                    if signal == libc::SIGUSR1 {
-                        info!(stats = %stats_json(&controller, &dma), "counters (SIGUSR1)");
-                        continue;
-                    }
-                    info!(signal, "shutting down on signal");
-                    shutdown.shutdown();
-                    return;
-                }
-            })
-            .context("cannot start the signal thread")?;
-        Ok(())
-    }
 }

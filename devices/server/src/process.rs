@@ -1,0 +1,179 @@
+//! The skeleton of a device server's `main`: what happens in which order,
+//! how errors are reported and which exit code results.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use p2plab_vfio_user::Server;
+use tracing::{error, Span};
+
+use crate::{init_logging, ServerArgs, ShutdownSignals, StatsFileWriter};
+
+/// Produces the device's counters as the JSON the stats file holds. Called
+/// from the stats thread, the signal thread and at exit.
+pub type CountersJson = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What a second SIGTERM/SIGINT/SIGHUP does while the first one's shutdown
+/// is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondSignal {
+    /// Exit at once with status 1 (for a user whose Ctrl-C seems stuck).
+    ExitNow,
+    /// Nothing: the shutdown always runs to the end (e.g. to flush data).
+    Ignore,
+}
+
+/// How one device server binary's process behaves, beyond its flags.
+#[derive(Clone, Copy)]
+pub struct ServerProcess {
+    /// The binary's name; prefixes errors printed to stderr.
+    pub name: &'static str,
+    /// Helper threads are named `<thread_prefix>-signals` and
+    /// `<thread_prefix>-stats`.
+    pub thread_prefix: &'static str,
+    /// SIGUSR1 logs the counters (without it SIGUSR1 is left alone).
+    pub counters_on_sigusr1: bool,
+    pub second_signal: SecondSignal,
+    /// The stats thread also logs the counters when they changed, at most
+    /// this often.
+    pub log_counters_every: Option<Duration>,
+    /// Makes the span every log line of the device's run is in, e.g.
+    /// `|args| info_span!("gpu", socket = %args.socket.display())`. Called
+    /// once logging is set up (a span made before that would be disabled);
+    /// a function because tracing span names must be static.
+    pub span: fn(&ServerArgs) -> Span,
+}
+
+impl std::fmt::Debug for ServerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerProcess")
+            .field("name", &self.name)
+            .field("thread_prefix", &self.thread_prefix)
+            .field("counters_on_sigusr1", &self.counters_on_sigusr1)
+            .field("second_signal", &self.second_signal)
+            .field("log_counters_every", &self.log_counters_every)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs a device server process:
+///
+/// 1. blocks the shutdown signals before any thread exists, so every thread
+///    inherits the mask and only the signal thread receives them;
+/// 2. sets up logging;
+/// 3. calls `run`, which builds the device and serves it (see
+///    [`Launch::start`]), inside the process's span.
+///
+/// Errors before logging exists go to stderr. An error from `run` is
+/// logged, and also printed to stderr when the log goes to a file, so
+/// whoever started the process sees why it stopped. Exit status: 0 when
+/// `run` succeeds, 1 otherwise (clap exits with 2 on bad flags before this).
+pub fn run_main(
+    process: &ServerProcess,
+    args: &ServerArgs,
+    run: impl FnOnce(Launch<'_>) -> Result<()>,
+) -> ExitCode {
+    let name = process.name;
+    let signals = match ShutdownSignals::block(process.counters_on_sigusr1) {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("{name}: cannot block signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = init_logging(args) {
+        eprintln!("{name}: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let launch = Launch {
+        process,
+        args,
+        signals,
+    };
+    let result = {
+        let span = (process.span)(args);
+        let _entered = span.enter();
+        run(launch)
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            if args.log_file.is_some() {
+                eprintln!("{name}: {e:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Handed to the binary's `run` once signals are blocked and logging works.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    process: &'a ServerProcess,
+    args: &'a ServerArgs,
+    signals: ShutdownSignals,
+}
+
+impl Launch<'_> {
+    /// Starts what runs beside `server`: the signal thread, which shuts the
+    /// server down, and the `--stats-file` writer, if asked for. Call it
+    /// just before `server.run(..)`; the helper threads log in the
+    /// process's span too.
+    pub fn start(self, server: &Server, counters: CountersJson) -> Result<Running> {
+        let prefix = self.process.thread_prefix;
+        self.signals.spawn_waiter(
+            format!("{prefix}-signals"),
+            server.shutdown_handle(),
+            Arc::clone(&counters),
+            self.process.second_signal,
+        )?;
+        let stats_file = self
+            .args
+            .stats_file
+            .as_ref()
+            .map(|path| {
+                StatsFileWriter::start(
+                    path.clone(),
+                    self.args.stats_interval(),
+                    format!("{prefix}-stats"),
+                    Arc::clone(&counters),
+                    self.process.log_counters_every,
+                )
+            })
+            .transpose()?;
+        Ok(Running {
+            counters,
+            stats_file,
+        })
+    }
+}
+
+/// The helpers [`Launch::start`] started, until [`Running::finish`].
+pub struct Running {
+    counters: CountersJson,
+    stats_file: Option<StatsFileWriter>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("stats_file", &self.stats_file.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// After the server returned and the device is quiet (dropped,
+    /// flushed): takes the final counters, writes them as the stats file's
+    /// last contents, and returns them for the exit log line.
+    pub fn finish(self) -> String {
+        let json = (self.counters)();
+        if let Some(stats_file) = self.stats_file {
+            stats_file.stop(&json);
+        }
+        json
+    }
+}
