@@ -112,9 +112,21 @@ fn interrupted() -> &'static Arc<AtomicBool> {
     })
 }
 
+/// The run was ended by SIGINT/SIGTERM/SIGHUP; everything was stopped.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted; the servers and QEMU were stopped")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 fn check_interrupted() -> Result<()> {
     if interrupted().load(Ordering::Relaxed) {
-        bail!("interrupted");
+        return Err(Interrupted.into());
     }
     Ok(())
 }

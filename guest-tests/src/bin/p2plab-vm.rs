@@ -92,6 +92,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(err) if err.is::<p2plab_harness::lab::Interrupted>() => {
+            eprintln!("p2plab: {err:#}");
+            ExitCode::from(130)
+        }
         Err(err) => {
             eprintln!("p2plab: error: {err:#}");
             ExitCode::from(LAB_FAILURE as u8)
