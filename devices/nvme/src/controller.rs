@@ -281,20 +281,22 @@ impl NvmeController {
             );
             return;
         }
-        let mut dwords: Vec<(u64, u32)> = data
-            .chunks_exact(4)
-            .enumerate()
-            .map(|(i, c)| {
-                let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                (offset + 4 * i as u64, v)
-            })
-            .collect();
+        // At most two dwords: no allocation on the doorbell path.
+        let mut dwords = [(0u64, 0u32); 2];
+        let count = data.len() / 4;
+        for (i, c) in data.chunks_exact(4).enumerate().take(2) {
+            dwords[i] = (
+                offset + 4 * i as u64,
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            );
+        }
+        let dwords = &mut dwords[..count.min(2)];
         // A 64-bit CMBMSC write is applied high dword first, like Linux's
         // hi_lo_writeq, so CMSE latches the new base address.
         if offset == reg::CMBMSC && dwords.len() == 2 {
             dwords.reverse();
         }
-        for (at, value) in dwords {
+        for &mut (at, value) in dwords {
             if at >= reg::DOORBELLS {
                 self.shared.doorbell(at, value);
             } else {

@@ -16,29 +16,51 @@ use crate::spec::{CQE_SIZE, SQE_SIZE};
 use crate::stats::Stats;
 
 /// A one-shot wake-up flag with a condition variable.
+///
+/// `notify` runs on the socket thread for every doorbell write while the
+/// vCPU waits for the reply, so it only takes the lock and makes the futex
+/// wake-up system call when a waiter is actually asleep (or about to be);
+/// a notification to a busy worker is a single atomic store.
 #[derive(Default)]
 pub(crate) struct Notifier {
-    flag: Mutex<bool>,
+    /// Set by `notify`, consumed by `wait`.
+    pending: AtomicBool,
+    /// Threads inside `wait`.
+    waiters: AtomicU32,
+    lock: Mutex<()>,
     cond: Condvar,
 }
 
 impl Notifier {
     pub fn notify(&self) {
-        *crate::lock(&self.flag) = true;
-        self.cond.notify_all();
+        // SeqCst on both sides: either the waiter sees `pending`, or this
+        // side sees the waiter and wakes it under the lock (which it holds
+        // from its `pending` check until it sleeps).
+        self.pending.store(true, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(crate::lock(&self.lock));
+            self.cond.notify_all();
+        }
     }
 
     /// Returns when notified (consuming the notification) or after
     /// `timeout`.
     pub fn wait(&self, timeout: Duration) {
-        let mut flag = crate::lock(&self.flag);
-        if !*flag {
-            flag = match self.cond.wait_timeout(flag, timeout) {
+        if self.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let guard = crate::lock(&self.lock);
+        if !self.pending.load(Ordering::SeqCst) {
+            let _guard = match self.cond.wait_timeout(guard, timeout) {
                 Ok((guard, _)) => guard,
                 Err(poisoned) => poisoned.into_inner().0,
             };
+        } else {
+            drop(guard);
         }
-        *flag = false;
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.pending.store(false, Ordering::Release);
     }
 }
 
@@ -461,6 +483,33 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         cq.request_stop();
         assert!(matches!(waiter.join().unwrap(), Err(PostError::Stopped)));
+    }
+
+    #[test]
+    fn notifier_wakes_a_sleeper_and_keeps_an_early_notification() {
+        let n = Arc::new(Notifier::default());
+        // Notified before waiting: returns at once, consuming it.
+        n.notify();
+        let t = std::time::Instant::now();
+        n.wait(Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Nothing pending: times out.
+        let t = std::time::Instant::now();
+        n.wait(Duration::from_millis(20));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        // A sleeper is woken by a notification from another thread.
+        for _ in 0..200 {
+            let sleeper = {
+                let n = n.clone();
+                std::thread::spawn(move || {
+                    let t = std::time::Instant::now();
+                    n.wait(Duration::from_secs(10));
+                    t.elapsed()
+                })
+            };
+            n.notify();
+            assert!(sleeper.join().unwrap() < Duration::from_secs(5));
+        }
     }
 
     #[test]

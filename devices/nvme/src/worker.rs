@@ -18,6 +18,28 @@ const MAX_UNSIGNALLED: u32 = 4;
 /// otherwise (only a safety net).
 const IDLE_SHADOW: Duration = Duration::from_millis(5);
 const IDLE: Duration = Duration::from_millis(200);
+/// How long an idle worker keeps watching the shadow tail before it arms
+/// EventIdx and sleeps. While EventIdx is not armed the host skips the
+/// trapped doorbell write, a synchronous vfio-user round trip with the vCPU
+/// stalled, plus a futex wake-up of this thread. The host usually submits
+/// its next batch within this window (it just got our interrupt); the
+/// poll yields the CPU to any runnable thread (the TCG vCPUs) on each turn.
+/// Measured 4k randread QD32 (guest fio): no poll 7.1k IOPS, 50 µs 16.4k,
+/// 200 µs 19.4k, 500 µs 17.0k.
+const POLL: Duration = Duration::from_micros(200);
+
+/// Watches the shadow tail for up to [`POLL`] before EventIdx is armed.
+/// Returns whether there is something to do (new entries, or a stop).
+fn poll_for_tail(shared: &Shared, sq: &SubmissionQueue, head: u32) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < POLL {
+        if sq.stopped() || sq.current_tail(&shared.mem) != head {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
 
 /// Decrements the live-worker count when the thread ends, panics included,
 /// so CSTS.RDY can never stick at 1.
@@ -82,6 +104,9 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
             if unsignalled > 0 {
                 shared.interrupt(&cq);
                 unsignalled = 0;
+            }
+            if sq.shadow().is_some() && poll_for_tail(&shared, &sq, head) {
+                continue;
             }
             if sq.arm_event_idx(&shared.mem, head) {
                 continue;
