@@ -307,32 +307,20 @@ impl NvmeController {
 
     /// A trapped access to the CMB BAR (QEMU normally maps it directly).
     pub fn read_cmb(&self, offset: u64, data: &mut [u8]) -> Result<(), DmaFault> {
-        match self.shared.mem.cmb() {
-            Some(cmb) => cmb.read(offset, data),
-            None => Err(DmaFault::new(offset, data.len() as u64, "no CMB")),
-        }
+        bar_memory(self.shared.mem.cmb(), offset, data.len(), "no CMB")?.read(offset, data)
     }
 
     pub fn write_cmb(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
-        match self.shared.mem.cmb() {
-            Some(cmb) => cmb.write(offset, data),
-            None => Err(DmaFault::new(offset, data.len() as u64, "no CMB")),
-        }
+        bar_memory(self.shared.mem.cmb(), offset, data.len(), "no CMB")?.write(offset, data)
     }
 
     /// A trapped access to the PMR BAR (QEMU normally maps it directly).
     pub fn read_pmr(&self, offset: u64, data: &mut [u8]) -> Result<(), DmaFault> {
-        match self.shared.mem.pmr() {
-            Some(pmr) => pmr.read(offset, data),
-            None => Err(DmaFault::new(offset, data.len() as u64, "no PMR")),
-        }
+        bar_memory(self.shared.mem.pmr(), offset, data.len(), "no PMR")?.read(offset, data)
     }
 
     pub fn write_pmr(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
-        match self.shared.mem.pmr() {
-            Some(pmr) => pmr.write(offset, data),
-            None => Err(DmaFault::new(offset, data.len() as u64, "no PMR")),
-        }
+        bar_memory(self.shared.mem.pmr(), offset, data.len(), "no PMR")?.write(offset, data)
     }
 
     /// Where the guest placed the CMB BAR (None while memory decode is off).
@@ -1057,4 +1045,14 @@ impl Shared {
         }
         self.namespace(nsid).ok_or(Status::INVALID_NAMESPACE)
     }
+}
+
+/// The memory behind a BAR the device may not have (CMB or PMR switched off).
+fn bar_memory<'a>(
+    memory: Option<&'a Arc<dyn RegionMemory>>,
+    offset: u64,
+    len: usize,
+    missing: &'static str,
+) -> Result<&'a Arc<dyn RegionMemory>, DmaFault> {
+    memory.ok_or_else(|| DmaFault::new(offset, len as u64, missing))
 }

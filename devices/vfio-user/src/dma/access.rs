@@ -235,11 +235,7 @@ impl DmaSpace {
         }
         match chunks.as_slice() {
             [Chunk::Mmap { range, offset, len }] => {
-                let mapping = range.mapping.as_ref().ok_or(not_direct)?;
-                let slice = mapping
-                    .region
-                    .get_slice(*offset, *len)
-                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
+                let slice = mmap_slice(range, *offset, *len)?;
                 debug!(gpa, len, "zero-copy guest memory access");
                 Ok(f(slice))
             }
@@ -270,15 +266,7 @@ impl DmaSpace {
     fn read_chunk(&self, chunk: &Chunk, gpa: u64, part: &mut [u8]) -> Result<(), DmaError> {
         match chunk {
             Chunk::Mmap { range, offset, len } => {
-                let mapping = range
-                    .mapping
-                    .as_ref()
-                    .ok_or(DmaError::Invalid("internal: no mapping"))?;
-                let slice = mapping
-                    .region
-                    .get_slice(*offset, *len)
-                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
-                slice.copy_to(part);
+                mmap_slice(range, *offset, *len)?.copy_to(part);
                 self.inner.mmap.record(false, part.len());
                 debug!(gpa, len, "dma read from guest memory");
             }
@@ -305,15 +293,7 @@ impl DmaSpace {
     fn write_chunk(&self, chunk: &Chunk, gpa: u64, part: &[u8]) -> Result<(), DmaError> {
         match chunk {
             Chunk::Mmap { range, offset, len } => {
-                let mapping = range
-                    .mapping
-                    .as_ref()
-                    .ok_or(DmaError::Invalid("internal: no mapping"))?;
-                let slice = mapping
-                    .region
-                    .get_slice(*offset, *len)
-                    .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))?;
-                slice.copy_from(part);
+                mmap_slice(range, *offset, *len)?.copy_from(part);
                 self.inner.mmap.record(true, part.len());
                 debug!(gpa, len, "dma write to guest memory");
             }
@@ -336,4 +316,22 @@ impl DmaSpace {
         }
         Ok(())
     }
+}
+
+/// The part of a client range's mapping that a resolved chunk covers.
+/// `resolve` only makes Mmap chunks for fd-backed ranges, inside them, so
+/// the errors here mean an internal inconsistency, never guest input.
+fn mmap_slice(
+    range: &ClientRange,
+    offset: usize,
+    len: usize,
+) -> Result<VolatileSlice<'_>, DmaError> {
+    let mapping = range
+        .mapping
+        .as_ref()
+        .ok_or(DmaError::Invalid("internal: no mapping"))?;
+    mapping
+        .region
+        .get_slice(offset, len)
+        .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))
 }

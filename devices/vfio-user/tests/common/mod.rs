@@ -245,6 +245,9 @@ impl Device for TestDevice {
 }
 
 // ----- raw protocol client -----
+// Spelled out from the spec on purpose instead of reusing the crate's
+// `protocol` constants: a wrong number there must fail these tests, not be
+// shared by server and test client alike.
 
 pub const HDR: usize = 16;
 pub const REPLY: u32 = 1;
