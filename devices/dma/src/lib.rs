@@ -1,0 +1,74 @@
+//! How a device model reaches memory as a bus master.
+//!
+//! Every device model (NVMe, GPU, and the ones to come) sees the bus through
+//! one trait, [`GuestMemory`], and its own BAR memories through
+//! [`RegionMemory`]. Both fail with one typed error, [`DmaFault`], that a
+//! model turns into its own status (an NVMe Data Transfer Error, a GPU job
+//! error), never a panic.
+//!
+//! This is the seam where cross-cutting behaviour plugs in by wrapping a
+//! `GuestMemory`: the bus-master-enable gate, fault injection, tracing and
+//! the zero-copy peer path. Test fakes ([`testing`], behind the `testing`
+//! feature) implement it once for every model.
+//!
+//! [`DmaSpace`](p2plab_vfio_user::DmaSpace), the vfio-user transport's DMA
+//! address space, implements [`GuestMemory`] here, so server binaries hand
+//! it to a model as is.
+
+#![deny(missing_docs)]
+
+mod fault;
+mod region;
+mod transport;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use fault::{DmaFault, DmaFaultKind};
+pub use region::{checked_range, HeapRegion, RegionMemory};
+pub use transport::{fault_kind, SharedRegion};
+
+use std::sync::Arc;
+
+/// Guest-physical memory as a bus master sees it: guest RAM and peer BARs
+/// at their bus addresses. Implementations are cheap to call from any
+/// thread; an access is all-or-nothing from the caller's point of view
+/// (on error the buffer's contents are unspecified).
+pub trait GuestMemory: Send + Sync {
+    /// Reads `buf.len()` bytes at bus address `addr`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
+    /// Writes `data` at bus address `addr`.
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault>;
+
+    /// Reads a little-endian u32 at `addr`.
+    fn read_u32(&self, addr: u64) -> Result<u32, DmaFault> {
+        let mut bytes = [0u8; 4];
+        self.read(addr, &mut bytes)?;
+        Ok(u32::from_le_bytes(bytes))
+    }
+
+    /// Writes a little-endian u32 at `addr`.
+    fn write_u32(&self, addr: u64, value: u32) -> Result<(), DmaFault> {
+        self.write(addr, &value.to_le_bytes())
+    }
+}
+
+impl<T: GuestMemory + ?Sized> GuestMemory for Arc<T> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        (**self).read(addr, buf)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
+        (**self).write(addr, data)
+    }
+}
+
+impl<T: GuestMemory + ?Sized> GuestMemory for &T {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        (**self).read(addr, buf)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
+        (**self).write(addr, data)
+    }
+}
