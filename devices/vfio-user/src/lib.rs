@@ -22,22 +22,56 @@
 //! and must not wait on message-based DMA (the [`DmaSpace`] refuses with
 //! [`DmaError::WouldDeadlock`]); fd-backed memory and local windows are fine
 //! from any thread.
+//!
+//! ## Layering
+//!
+//! Modules import each other in one direction only (checked by
+//! `scripts/check-module-cycles`); each line lists what a module uses,
+//! top to bottom:
+//!
+//! ```text
+//! server   -> session, link, config, device, dma,    accept loop, peer check,
+//!             record, ratelimit                      connection lifecycle
+//! session  -> link, config, device, dma, protocol,   one connection: read, check,
+//!             socket, record, fdkind, ratelimit      dispatch, reply
+//! link     -> dma, protocol, socket                  writes and our DMA requests;
+//!                                                    implements dma's MessageDma
+//! config   -> protocol                               ServerConfig, ServerError
+//! shm      -> dma                                    memfd memory (a LocalMemory)
+//! record   -> fdkind, socket, ratelimit               session recordings (fuzz inputs)
+//! socket   -> protocol                               sendmsg/recvmsg with fds
+//! dma, device, protocol, fdkind, ratelimit           the ground: no crate imports
+//! ```
+//!
+//! The DMA address space sits at the bottom: it reaches fd-less client
+//! memory through the `MessageDma` trait it defines, which `link`
+//! implements and the session attaches once VERSION is negotiated, so
+//! `dma` never names the connection. `ConnectionEnd` belongs to `session`, which decides it; the
+//! server only reports it.
 
+#![deny(missing_docs)]
+
+pub mod config;
 pub mod device;
 pub mod dma;
+pub mod fdkind;
 mod link;
 pub mod protocol;
+pub mod ratelimit;
+pub mod record;
 pub mod server;
 mod session;
 pub mod shm;
 mod socket;
 
+pub use config::{ServerConfig, ServerError};
 pub use device::*;
 pub use dma::{
     Access, DmaError, DmaRange, DmaSpace, DmaStats, DmaTarget, LocalMemory, LocalWindowId, Perms,
     Traffic, DEFAULT_DMA_TIMEOUT,
 };
-pub use server::{ConnectionEnd, Server, ServerConfig, ServerError, ShutdownHandle};
+pub use server::{Server, ShutdownHandle};
+pub use session::ConnectionEnd;
 pub use shm::SharedMemory;
 
 /// VFIO ABI constants and structs (region/irq flags, PCI region indexes),

@@ -14,13 +14,13 @@ use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::dma::DmaError;
+use crate::dma::{DmaError, MessageDma, RangeUse, RangeUsers};
 use crate::protocol::{cmd, command_name, Header, Reader, Writer};
 use crate::socket::send_all;
 
@@ -30,6 +30,12 @@ use crate::socket::send_all;
 /// reads from a peer GPU BAR). Requests of 64 KiB keep every reply well
 /// inside that buffer, whatever max_data_xfer_size was negotiated.
 pub const MAX_DMA_READ_REPLY: usize = 64 << 10;
+
+/// Most of our DMA requests waiting for a reply at once. Each device
+/// thread waits for one at a time, so this is far above any real device's
+/// need; past it a request fails with [`DmaError::Busy`] instead of
+/// growing the table without bound.
+pub const MAX_PENDING_DMA: usize = 256;
 
 /// Locks a mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent even if a holder panicked.
@@ -42,6 +48,11 @@ type ReplyResult = Result<Vec<u8>, DmaError>;
 struct Waiter {
     command: u16,
     tx: SyncSender<ReplyResult>,
+    /// The range the request goes to, and the address and length it asks
+    /// for: a waiter whose range is closed is failed with Revoked.
+    range: Arc<RangeUsers>,
+    gpa: u64,
+    len: u64,
 }
 
 #[derive(Default)]
@@ -51,6 +62,9 @@ struct PendingTable {
     waiters: HashMap<u16, Waiter>,
 }
 
+/// The write half of one connection, shared by the reader thread (its
+/// replies) and device threads (their DMA requests, whose replies the
+/// reader hands back through [`Link::deliver`]).
 pub(crate) struct Link {
     /// A clone of the connection's socket, used only for writing.
     writer: Mutex<UnixStream>,
@@ -150,9 +164,45 @@ impl Link {
         lock(&self.pending).waiters.remove(&id);
     }
 
-    /// Sends a command and blocks until its reply arrives, the timeout
-    /// passes, or the connection drops. Returns the reply payload.
-    fn request(&self, command: u16, parts: &[&[u8]]) -> ReplyResult {
+    /// Fails every waiter whose range is now closed.
+    pub(crate) fn cancel_closed(&self) {
+        let cancelled: Vec<Waiter> = {
+            let mut table = lock(&self.pending);
+            let ids: Vec<u16> = table
+                .waiters
+                .iter()
+                .filter(|(_, w)| w.range.is_cancelled())
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| table.waiters.remove(id))
+                .collect()
+        };
+        if !cancelled.is_empty() {
+            debug!(
+                count = cancelled.len(),
+                "failing DMA requests to closed ranges"
+            );
+        }
+        for w in cancelled {
+            let _ = w.tx.send(Err(DmaError::Revoked {
+                gpa: w.gpa,
+                len: w.len,
+            }));
+        }
+    }
+
+    /// Sends a DMA command for `len` bytes at `gpa` in `range` and blocks
+    /// until its reply arrives, the timeout passes, the range is closed or
+    /// the connection drops. Returns the reply payload.
+    fn request(
+        &self,
+        command: u16,
+        parts: &[&[u8]],
+        range: &RangeUse,
+        gpa: u64,
+        len: u64,
+    ) -> ReplyResult {
         if thread::current().id() == self.reader {
             return Err(DmaError::WouldDeadlock);
         }
@@ -161,6 +211,9 @@ impl Link {
             let mut table = lock(&self.pending);
             if table.closed {
                 return Err(DmaError::Disconnected);
+            }
+            if table.waiters.len() >= MAX_PENDING_DMA {
+                return Err(DmaError::Busy);
             }
             // Message ids are ours alone; skip ids still waiting.
             let mut id = table.next_id;
@@ -173,9 +226,24 @@ impl Link {
                 }
             }
             table.next_id = id.wrapping_add(1);
-            table.waiters.insert(id, Waiter { command, tx });
+            table.waiters.insert(
+                id,
+                Waiter {
+                    command,
+                    tx,
+                    range: Arc::clone(range.users()),
+                    gpa,
+                    len,
+                },
+            );
             id
         };
+        // Registered first, checked second: a closer that missed this
+        // waiter in its sweep closed the range before this check.
+        if range.users().is_cancelled() {
+            self.forget(id);
+            return Err(DmaError::Revoked { gpa, len });
+        }
         let payload_len: usize = parts.iter().map(|p| p.len()).sum();
         let header = Header::command(id, command, payload_len).encode();
         let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
@@ -197,18 +265,20 @@ impl Link {
             Err(RecvTimeoutError::Disconnected) => Err(DmaError::Disconnected),
         }
     }
+}
 
+impl MessageDma for Link {
     /// Reads guest memory through DMA_READ messages, in chunks of the
     /// negotiated transfer size, and never more than
     /// [`MAX_DMA_READ_REPLY`] per request.
-    pub(crate) fn dma_read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    fn dma_read(&self, gpa: u64, buf: &mut [u8], range: &RangeUse) -> Result<(), DmaError> {
         let mut addr = gpa;
         for chunk in buf.chunks_mut(self.max_xfer().min(MAX_DMA_READ_REPLY)) {
             let count = chunk.len() as u64;
             let mut req = Writer::with_capacity(16);
             req.u64(addr).u64(count);
             let req = req.finish();
-            let reply = self.request(cmd::DMA_READ, &[&req])?;
+            let reply = self.request(cmd::DMA_READ, &[&req], range, addr, count)?;
             let mut r = Reader::new(&reply);
             let (got_addr, got_count) = (r.u64(), r.u64());
             let data = r.rest();
@@ -228,7 +298,7 @@ impl Link {
 
     /// Writes guest memory through DMA_WRITE messages (no extra cap: the
     /// data travels in our request, not in QEMU's reply).
-    pub(crate) fn dma_write(&self, gpa: u64, data: &[u8]) -> Result<(), DmaError> {
+    fn dma_write(&self, gpa: u64, data: &[u8], range: &RangeUse) -> Result<(), DmaError> {
         let mut addr = gpa;
         for chunk in data.chunks(self.max_xfer()) {
             let count = chunk.len() as u64;
@@ -237,10 +307,20 @@ impl Link {
             let req = req.finish();
             // QEMU replies with a bare header; the spec adds address and
             // count. Both are fine, so the payload is not checked.
-            self.request(cmd::DMA_WRITE, &[&req, chunk])?;
+            self.request(cmd::DMA_WRITE, &[&req, chunk], range, addr, count)?;
             debug!(gpa = addr, len = count, "DMA_WRITE completed");
             addr = addr.wrapping_add(count);
         }
         Ok(())
+    }
+
+    fn cancel_closed(&self) {
+        Link::cancel_closed(self);
+    }
+
+    fn close(&self) {
+        // The inherent method, which the server also calls when the
+        // session ends.
+        Link::close(self);
     }
 }

@@ -17,43 +17,69 @@ pub const MAX_MSG_FDS_LIMIT: u32 = 16;
 /// (region access header, argsz structures, version JSON).
 pub const MESSAGE_OVERHEAD: usize = 4096;
 
-/// Protocol version this server speaks.
+/// Protocol major version this server speaks; QEMU refuses any other.
 pub const VERSION_MAJOR: u16 = 0;
+/// Protocol minor version this server speaks (0: every client supports it).
 pub const VERSION_MINOR: u16 = 0;
 
 /// Header flag bits.
 pub mod flags {
+    /// The bits that hold the message type.
     pub const TYPE_MASK: u32 = 0xf;
+    /// Message type: a command (a request).
     pub const TYPE_COMMAND: u32 = 0;
+    /// Message type: the reply to a command with the same message id.
     pub const TYPE_REPLY: u32 = 1;
+    /// The sender wants no reply (a posted write); errors are only logged.
     pub const NO_REPLY: u32 = 1 << 4;
+    /// In a reply: the command failed and `error` holds the errno.
     pub const ERROR: u32 = 1 << 5;
 }
 
-/// DMA_MAP flag bits.
+/// DMA_MAP flag: the server may read the range.
 pub const DMA_MAP_READ: u32 = 1 << 0;
+/// DMA_MAP flag: the server may write the range.
 pub const DMA_MAP_WRITE: u32 = 1 << 1;
 
-/// Command numbers. Kept as plain constants because an unknown number
-/// must still be echoed in the error reply.
+/// Command numbers, named as in the spec without the VFIO_USER_ prefix.
+/// Kept as plain constants because an unknown number must still be echoed
+/// in the error reply.
 pub mod cmd {
+    /// Client to server, first message: protocol version and capabilities.
     pub const VERSION: u16 = 1;
+    /// Client adds a guest memory range, with an fd when it can be mmapped.
     pub const DMA_MAP: u16 = 2;
+    /// Client removes guest memory ranges (or all of them).
     pub const DMA_UNMAP: u16 = 3;
+    /// Device flags and the number of regions and IRQ indexes.
     pub const DEVICE_GET_INFO: u16 = 4;
+    /// One region's size, flags and mmappable areas (with its fd).
     pub const DEVICE_GET_REGION_INFO: u16 = 5;
+    /// ioeventfds for a region; not supported here.
     pub const DEVICE_GET_REGION_IO_FDS: u16 = 6;
+    /// One IRQ index's flags and vector count.
     pub const DEVICE_GET_IRQ_INFO: u16 = 7;
+    /// Bind eventfds to vectors, mask, unmask or trigger them.
     pub const DEVICE_SET_IRQS: u16 = 8;
+    /// A trapped read of a region (config space, registers).
     pub const REGION_READ: u16 = 9;
+    /// A trapped write of a region, possibly posted (no reply).
     pub const REGION_WRITE: u16 = 10;
+    /// Server to client: read guest memory that is not mmapped here.
     pub const DMA_READ: u16 = 11;
+    /// Server to client: write guest memory that is not mmapped here.
     pub const DMA_WRITE: u16 = 12;
+    /// Reset the device.
     pub const DEVICE_RESET: u16 = 13;
+    /// Dirty page logging for migration; not supported here.
     pub const DIRTY_PAGES: u16 = 14;
+    /// Several small region writes in one message.
     pub const REGION_WRITE_MULTI: u16 = 15;
+    /// Device features (migration); answered with ENOTTY.
     pub const DEVICE_FEATURE: u16 = 16;
+    /// Migration data from the device; not supported here.
     pub const MIG_DATA_READ: u16 = 17;
+    /// Migration data to the device; not supported here.
     pub const MIG_DATA_WRITE: u16 = 18;
 }
 
@@ -85,15 +111,21 @@ pub fn command_name(command: u16) -> &'static str {
 /// The header in front of every message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
+    /// Chosen by the sender of a command; its reply carries the same id.
     pub msg_id: u16,
+    /// The command number ([`cmd`]), also in replies.
     pub command: u16,
     /// Size of the whole message, header included.
     pub size: u32,
+    /// Message type and [`flags`] bits.
     pub flags: u32,
+    /// In an error reply: the errno (positive).
     pub error: u32,
 }
 
 impl Header {
+    /// Reads a header from its 16 wire bytes (cannot fail: every bit
+    /// pattern is a header; [`Header::payload_len`] judges the size).
     pub fn decode(bytes: &[u8; HEADER_SIZE]) -> Self {
         let mut r = Reader::new(bytes);
         // The array is exactly HEADER_SIZE bytes, so every read succeeds;
@@ -107,6 +139,7 @@ impl Header {
         }
     }
 
+    /// The 16 wire bytes of this header.
     pub fn encode(&self) -> [u8; HEADER_SIZE] {
         let mut out = [0u8; HEADER_SIZE];
         out[0..2].copy_from_slice(&self.msg_id.to_ne_bytes());
@@ -150,15 +183,19 @@ impl Header {
         }
     }
 
+    /// [`flags::TYPE_COMMAND`], [`flags::TYPE_REPLY`] or an invalid type.
     pub fn message_type(&self) -> u32 {
         self.flags & flags::TYPE_MASK
     }
+    /// Whether this is a reply (to one of our DMA requests).
     pub fn is_reply(&self) -> bool {
         self.message_type() == flags::TYPE_REPLY
     }
+    /// Whether the sender asked for no reply.
     pub fn no_reply(&self) -> bool {
         self.flags & flags::NO_REPLY != 0
     }
+    /// Whether this is an error reply.
     pub fn is_error(&self) -> bool {
         self.flags & flags::ERROR != 0
     }
@@ -184,10 +221,12 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// Starts reading at the first byte of `bytes`.
     pub fn new(bytes: &'a [u8]) -> Self {
         Reader { bytes }
     }
 
+    /// The next `n` bytes, or `None` (consuming nothing) if fewer are left.
     pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if n > self.bytes.len() {
             return None;
@@ -201,12 +240,15 @@ impl<'a> Reader<'a> {
         self.take(N)?.try_into().ok()
     }
 
+    /// The next 2 bytes as a host-endian u16.
     pub fn u16(&mut self) -> Option<u16> {
         self.array().map(u16::from_ne_bytes)
     }
+    /// The next 4 bytes as a host-endian u32.
     pub fn u32(&mut self) -> Option<u32> {
         self.array().map(u32::from_ne_bytes)
     }
+    /// The next 8 bytes as a host-endian u64.
     pub fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_ne_bytes)
     }
@@ -220,31 +262,38 @@ impl<'a> Reader<'a> {
 /// Appends host-endian integers to a byte vector.
 #[derive(Debug, Default)]
 pub struct Writer {
+    /// What was written so far.
     pub bytes: Vec<u8>,
 }
 
 impl Writer {
+    /// An empty writer with room for `n` bytes.
     pub fn with_capacity(n: usize) -> Self {
         Writer {
             bytes: Vec::with_capacity(n),
         }
     }
+    /// Appends a host-endian u16.
     pub fn u16(&mut self, v: u16) -> &mut Self {
         self.bytes.extend_from_slice(&v.to_ne_bytes());
         self
     }
+    /// Appends a host-endian u32.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.bytes.extend_from_slice(&v.to_ne_bytes());
         self
     }
+    /// Appends a host-endian u64.
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.bytes.extend_from_slice(&v.to_ne_bytes());
         self
     }
+    /// Appends raw bytes.
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.bytes.extend_from_slice(v);
         self
     }
+    /// The bytes written.
     pub fn finish(self) -> Vec<u8> {
         self.bytes
     }
@@ -254,10 +303,16 @@ impl Writer {
 /// defaults the spec gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
+    /// Most fds the side accepts in one message (default 1).
     pub max_msg_fds: u32,
+    /// Largest data count in one region access or DMA message the side
+    /// accepts (default 1 MiB).
     pub max_data_xfer_size: u32,
+    /// Bit mask of the page sizes DMA_MAP may use (default 4 KiB).
     pub pgsizes: u64,
+    /// Most DMA ranges mapped at once (default 65535).
     pub max_dma_maps: u32,
+    /// Whether the side takes REGION_WRITE_MULTI (default no).
     pub write_multiple: bool,
 }
 
@@ -276,8 +331,10 @@ impl Default for Capabilities {
 /// Why the version data of a VERSION message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CapabilityError {
+    /// The data does not parse as JSON; the parser's message.
     #[error("version data is not NUL-terminated UTF-8 JSON: {0}")]
     NotJson(String),
+    /// A known capability has the wrong JSON type; its name.
     #[error("capability {0} has the wrong type or is out of range")]
     BadField(&'static str),
 }

@@ -2,110 +2,26 @@
 //! lifecycle (reset and DMA cleanup on disconnect) and shutdown.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
 use tracing::{info, info_span, warn};
+
+use crate::log_limited;
+use crate::record::Recorder;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::config::{ServerConfig, ServerError};
 use crate::device::Device;
 use crate::dma::DmaSpace;
 use crate::link::{lock, Link};
-use crate::protocol::{MAX_DATA_XFER_LIMIT, MAX_MSG_FDS_LIMIT};
-use crate::session::Session;
-
-/// What the server announces and enforces.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerConfig {
-    pub socket_path: PathBuf,
-    /// Most fds we accept in one message (1..=16; QEMU refuses more).
-    pub max_msg_fds: u32,
-    /// Largest data count of a region access or DMA message we accept
-    /// (4 KiB..=64 MiB). Our own DMA messages use the smaller of this and
-    /// the client's value.
-    pub max_data_xfer_size: u32,
-    /// Page sizes supported for DMA_MAP; 4096 at least.
-    pub pgsizes: u64,
-    /// Most DMA ranges mapped at once (1..=65535); more get ENOSPC.
-    pub max_dma_maps: u32,
-    /// Offer REGION_WRITE_MULTI (handled either way).
-    pub write_multiple: bool,
-    /// Return from [`Server::run`] when the client goes away, instead of
-    /// waiting for the next one.
-    pub exit_on_disconnect: bool,
-}
-
-impl ServerConfig {
-    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
-        ServerConfig {
-            socket_path: socket_path.into(),
-            max_msg_fds: MAX_MSG_FDS_LIMIT,
-            max_data_xfer_size: 1 << 20,
-            pgsizes: 4096,
-            max_dma_maps: 65535,
-            write_multiple: true,
-            exit_on_disconnect: false,
-        }
-    }
-
-    pub fn validate(&self) -> Result<(), ServerError> {
-        let bad = |what: String| Err(ServerError::Config(what));
-        if !(1..=MAX_MSG_FDS_LIMIT).contains(&self.max_msg_fds) {
-            return bad(format!(
-                "max_msg_fds {} not in 1..={MAX_MSG_FDS_LIMIT}",
-                self.max_msg_fds
-            ));
-        }
-        if !(4096..=MAX_DATA_XFER_LIMIT).contains(&self.max_data_xfer_size) {
-            return bad(format!(
-                "max_data_xfer_size {} not in 4096..={MAX_DATA_XFER_LIMIT}",
-                self.max_data_xfer_size
-            ));
-        }
-        if self.pgsizes & 4096 == 0 {
-            return bad(format!("pgsizes {:#x} lacks 4 KiB", self.pgsizes));
-        }
-        // QEMU only accepts a server lowering its default of 65535.
-        if !(1..=65535).contains(&self.max_dma_maps) {
-            return bad(format!(
-                "max_dma_maps {} not in 1..=65535",
-                self.max_dma_maps
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error("invalid server configuration: {0}")]
-    Config(String),
-    #[error("socket {path}: {source}")]
-    Socket {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// Why a connection ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConnectionEnd {
-    /// The client closed the socket between messages.
-    ClientClosed,
-    /// [`ShutdownHandle::shutdown`] was called.
-    Shutdown,
-    /// The client broke the protocol badly enough that the stream cannot
-    /// be trusted (impossible header size, EOF inside a message).
-    Protocol(String),
-    /// A socket error.
-    Io(String),
-}
+use crate::session::{ConnectionEnd, Session};
 
 struct ShutdownState {
     requested: AtomicBool,
@@ -139,6 +55,9 @@ impl ShutdownHandle {
         })
     }
 
+    /// Asks the server to stop: safe to call from any thread (a signal
+    /// thread), any number of times. Returns at once; [`Server::run`]
+    /// returns once the device is reset.
     pub fn shutdown(&self) {
         self.state.requested.store(true, Ordering::SeqCst);
         let _ = self.state.wake.write(1);
@@ -147,6 +66,7 @@ impl ShutdownHandle {
         }
     }
 
+    /// Whether [`shutdown`](Self::shutdown) was called.
     pub fn is_shutdown(&self) -> bool {
         self.state.requested.load(Ordering::SeqCst)
     }
@@ -157,6 +77,7 @@ pub struct Server {
     config: ServerConfig,
     dma: DmaSpace,
     shutdown: ShutdownHandle,
+    recorder: Option<Recorder>,
 }
 
 impl Server {
@@ -168,27 +89,41 @@ impl Server {
             path: config.socket_path.clone(),
             source,
         })?;
+        let recorder = config
+            .record_session
+            .as_ref()
+            .map(|path| {
+                Recorder::create(path).map_err(|e| {
+                    ServerError::Config(format!("record_session {}: {e}", path.display()))
+                })
+            })
+            .transpose()?;
         Ok(Server {
             config,
             dma,
             shutdown,
+            recorder,
         })
     }
 
+    /// The configuration the server was built with.
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
 
+    /// The address space DMA_MAP/DMA_UNMAP fill.
     pub fn dma(&self) -> &DmaSpace {
         &self.dma
     }
 
+    /// A handle that stops this server from another thread.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
     }
 
-    /// Binds the socket, replacing a stale socket file (but nothing else).
-    /// Once this returns, clients can connect.
+    /// Binds the socket, replacing a stale socket file (but nothing else),
+    /// with exactly [`ServerConfig::socket_mode`] as its permissions
+    /// whatever the umask. Once this returns, clients can connect.
     pub fn bind(&self) -> Result<UnixListener, ServerError> {
         let path = &self.config.socket_path;
         let sock_err = |source| ServerError::Socket {
@@ -208,8 +143,12 @@ impl Server {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(sock_err(e)),
         }
-        let listener = UnixListener::bind(path).map_err(sock_err)?;
-        info!(socket = %path.display(), "listening");
+        let listener = bind_with_mode(path, self.config.socket_mode).map_err(sock_err)?;
+        info!(
+            socket = %path.display(),
+            mode = format_args!("{:#o}", self.config.socket_mode),
+            "listening"
+        );
         Ok(listener)
     }
 
@@ -254,6 +193,13 @@ impl Server {
             }
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
+                // Too many open files: back off instead of stopping; the
+                // fds come back when the current work lets them go.
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                    log_limited!(warn, "accept: {e}; retrying");
+                    thread::sleep(std::time::Duration::from_millis(100));
+                    continue;
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -264,7 +210,22 @@ impl Server {
                 }
                 Err(e) => return Err(sock_err(e)),
             };
-            info!("client connected");
+            match peer_uid(&stream) {
+                Ok(uid) if self.uid_allowed(uid) => info!(uid, "client connected"),
+                Ok(uid) => {
+                    log_limited!(
+                        warn,
+                        uid,
+                        "refused a client of uid {uid}: only uid {} and --allow-uid may connect",
+                        current_uid()
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    log_limited!(warn, "refused a client whose uid is unknown: {e}");
+                    continue;
+                }
+            }
             let end = self.serve_stream(stream, device);
             if end == ConnectionEnd::Shutdown {
                 info!("shutdown requested");
@@ -278,17 +239,32 @@ impl Server {
         }
     }
 
+    /// Whether a peer of `uid` may be served: our own effective uid, or
+    /// one in [`ServerConfig::allowed_uids`].
+    fn uid_allowed(&self, uid: u32) -> bool {
+        uid == current_uid() || self.config.allowed_uids.contains(&uid)
+    }
+
     /// Serves one connected client on the calling thread until it ends,
-    /// then resets the device and drops every DMA range of that client.
-    /// Works on any connected stream (a socketpair in tests).
+    /// then drops every DMA range of that client (waiting for device
+    /// accesses to them to end) and resets the device. Works on any
+    /// connected stream (a socketpair in tests); the peer's uid is checked
+    /// by the accept loop, not here.
     pub fn serve_stream(&self, stream: UnixStream, device: &mut dyn Device) -> ConnectionEnd {
         let span = info_span!("vfio-user", socket = %self.config.socket_path.display());
         let _enter = span.enter();
 
         let end = match self.prepare(&stream) {
             Ok(link) => {
-                let end =
-                    Session::new(&self.config, device, &self.dma, &stream, Arc::clone(&link)).run();
+                let end = Session::new(
+                    &self.config,
+                    device,
+                    &self.dma,
+                    &stream,
+                    Arc::clone(&link),
+                    self.recorder.as_ref(),
+                )
+                .run();
                 link.close();
                 end
             }
@@ -307,7 +283,10 @@ impl Server {
             ConnectionEnd::Io(why) => warn!("connection dropped: socket error: {why}"),
         }
         // Spec: a client's memory and its state go away with it. Pending
-        // DMA fails, ranges are unmapped, the device starts over.
+        // DMA fails, ranges are unmapped once no device access runs in
+        // them, and the device starts over; its reset returns once it has
+        // quiesced (the Device::reset contract), so nothing it does can
+        // reach the next client's memory.
         self.dma.detach();
         device.dma_changed();
         if let Err(e) = device.reset() {
@@ -338,6 +317,87 @@ impl Server {
             self.dma.timeout(),
         )))
     }
+}
+
+/// Our effective uid.
+fn current_uid() -> u32 {
+    // SAFETY: geteuid has no side effects and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The uid of the process at the other end of `stream` (SO_PEERCRED: the
+/// credentials it had when it connected).
+fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    // SAFETY: `ucred` is plain data, for which all-zero is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which is
+    // that large, and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Binds a listening unix socket at `path` whose file has exactly `mode`.
+/// The socket's inode gets `mode` before bind, so the file is never wider
+/// than asked even for an instant (bind still applies the umask); a chmod
+/// after bind then sets exactly `mode`.
+fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: `sockaddr_un` is plain data, for which all-zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "socket path is longer than {} bytes or holds a NUL",
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: socket() creates a new fd from plain arguments.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just created and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fchmod on our own socket fd only changes its inode's mode.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is a valid, NUL-terminated sockaddr_un of `len` bytes.
+    if unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    // SAFETY: listen on our own bound socket.
+    if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixListener::from(fd))
 }
 
 fn remove_socket(path: &Path) {

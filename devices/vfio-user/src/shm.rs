@@ -1,6 +1,10 @@
 //! Device backing memory that QEMU can mmap: a sparse memfd mapped
 //! MAP_SHARED into this process. Used for BARs handed to the client with an
 //! fd (an NVMe CMB, GPU VRAM), and usable as a local DMA window.
+//!
+//! The client gets the memfd itself, so it is sealed once sized (shrink,
+//! grow, seal): a client that truncated it would make our next access to
+//! the mapping raise SIGBUS.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -23,8 +27,9 @@ pub struct SharedMemory {
 }
 
 impl SharedMemory {
-    /// Creates the memfd (named `name` in /proc/<pid>/fd, for debugging),
-    /// sizes it and maps it.
+    /// Creates the memfd (named `name` in `/proc/<pid>/fd`, for debugging),
+    /// sizes it, seals its size (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL)
+    /// and maps it.
     pub fn new(name: &str, size: u64) -> io::Result<Self> {
         if size == 0 {
             return Err(io::Error::new(
@@ -38,13 +43,21 @@ impl SharedMemory {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: memfd_create reads a valid NUL-terminated string and
         // returns a new fd or -1.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `raw` is a freshly created fd that nothing else owns.
         let file = unsafe { File::from_raw_fd(raw) };
         file.set_len(size)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS with an int argument on our own memfd, made
+        // with MFD_ALLOW_SEALING; it only restricts later size changes.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
         let file = Arc::new(file);
         let region = MmapRegion::build(
             Some(FileOffset::from_arc(Arc::clone(&file), 0)),
@@ -60,10 +73,13 @@ impl SharedMemory {
         })
     }
 
+    /// The name given at creation (shown as `memfd:<name>` in
+    /// `/proc/<pid>/maps`).
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.region.size() as u64
     }
@@ -87,11 +103,13 @@ impl SharedMemory {
             .map_err(|_| self.out_of_bounds(offset, len))
     }
 
+    /// Copies `buf.len()` bytes from `offset` into `buf`.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         self.slice(offset, buf.len())?.copy_to(buf);
         Ok(())
     }
 
+    /// Copies `data` to `offset`.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError> {
         self.slice(offset, data.len())?.copy_from(data);
         Ok(())
@@ -169,6 +187,25 @@ mod tests {
         ));
         assert!(shm.write_at(u64::MAX, &buf).is_err());
         assert!(SharedMemory::new("zero", 0).is_err());
+    }
+
+    /// Catches shared memory a client can resize through the fd we hand
+    /// it: a shrink would SIGBUS the server on its next access.
+    #[test]
+    fn the_fd_handed_out_cannot_be_resized() {
+        let shm = SharedMemory::new("sealed", 1 << 20).unwrap();
+        let client = File::from(shm.as_fd().try_clone_to_owned().unwrap());
+        let shrink = client.set_len(4096).unwrap_err();
+        assert_eq!(shrink.raw_os_error(), Some(libc::EPERM), "{shrink}");
+        let grow = client.set_len(2 << 20).unwrap_err();
+        assert_eq!(grow.raw_os_error(), Some(libc::EPERM), "{grow}");
+        // Nor can the seals be taken off or changed.
+        // SAFETY: F_GET_SEALS only reads the fd's state.
+        let seals = unsafe { libc::fcntl(shm.fd(), libc::F_GET_SEALS) };
+        let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(seals & want, want);
+        assert_eq!(client.metadata().unwrap().len(), 1 << 20);
+        shm.write_at((1 << 20) - 4, b"last").unwrap();
     }
 
     #[test]

@@ -7,13 +7,16 @@ use std::sync::Arc;
 use tracing::debug;
 use vm_memory::{VolatileMemory, VolatileSlice};
 
+use super::backing::Backing;
 use super::{
     range_end, Access, AddressMap, Chunk, ClientRange, DmaError, DmaSpace, DmaTarget, LocalWindow,
 };
 
 impl DmaSpace {
     /// Splits `[gpa, gpa+len)` into pieces served by one range each,
-    /// checking permissions. Windows win over client ranges.
+    /// checking permissions. Windows win over client ranges. Each client
+    /// piece holds a use of its range (taken under the map lock, so an
+    /// unmap either sees it or removed the range first).
     fn resolve(&self, gpa: u64, len: usize, access: Access) -> Result<Vec<Chunk>, DmaError> {
         let len64 = len as u64;
         let end = range_end(gpa, len64)?;
@@ -54,17 +57,30 @@ impl DmaSpace {
                     write: true,
                 });
             }
-            let stop = end.min(range.gpa + range.len).min(next_window);
+            let stop = end.min(range.end()).min(next_window);
             let piece = (stop - cur) as usize;
-            match &range.mapping {
-                Some(m) => chunks.push(Chunk::Mmap {
-                    offset: m.delta + (cur - range.gpa) as usize,
+            let range_use = range.users.enter().ok_or(DmaError::Revoked {
+                gpa: cur,
+                len: end - cur,
+            })?;
+            let offset = cur - range.gpa;
+            match &range.backing {
+                Backing::Mmap(m) => chunks.push(Chunk::Mmap {
+                    offset: m.delta + offset as usize,
                     range: Arc::clone(range),
                     len: piece,
+                    _use: range_use,
                 }),
-                None => chunks.push(Chunk::Message {
+                Backing::File(_) => chunks.push(Chunk::File {
+                    offset,
+                    range: Arc::clone(range),
+                    len: piece,
+                    _use: range_use,
+                }),
+                Backing::Message => chunks.push(Chunk::Message {
                     gpa: cur,
                     len: piece,
+                    range_use,
                 }),
             }
             cur = stop;
@@ -106,12 +122,12 @@ impl DmaSpace {
                     .next()
                     .map(|(start, _)| *start)
                     .unwrap_or(u64::MAX);
-                let k = if r.mapping.is_some() {
-                    DmaTarget::GuestMemory
-                } else {
+                let k = if matches!(r.backing, Backing::Message) {
                     DmaTarget::MessageOnly
+                } else {
+                    DmaTarget::GuestMemory
                 };
-                (k, (r.gpa + r.len).min(next_window))
+                (k, r.end().min(next_window))
             } else {
                 return DmaTarget::Unmapped;
             };
@@ -128,7 +144,9 @@ impl DmaSpace {
     // ----- data access -----
 
     /// Reads guest memory at `gpa` into `buf`. On error, part of `buf` may
-    /// already be filled.
+    /// already be filled. Each piece releases its range as soon as it is
+    /// copied, so an unmap of one range never waits for message DMA to
+    /// another.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let chunks = self.resolve(gpa, buf.len(), Access::Read)?;
         let mut rest = buf;
@@ -207,9 +225,13 @@ impl DmaSpace {
     /// by plain memory. Anything else (message-only, split across ranges,
     /// unmapped) is an error, and the caller falls back to `read`/`write`.
     ///
-    /// The mapping stays valid during `f` even if the client unmaps it
-    /// concurrently. With `Access::Read` on a read-only range the memory
-    /// is mapped without PROT_WRITE: `f` must not write to it.
+    /// The range stays in use while `f` runs: a DMA_UNMAP of it (or a reset
+    /// or disconnect) waits for `f` to return before it is answered, so
+    /// `f` must be short and must not wait for anything the connection's
+    /// reader thread does (message DMA, a DMA_MAP). Ranges without
+    /// `F_SEAL_SHRINK` are not mmapped and give [`DmaError::NotDirect`].
+    /// With `Access::Read` on a read-only range the memory is mapped
+    /// without PROT_WRITE: `f` must not write to it.
     pub fn with_slice<R>(
         &self,
         gpa: u64,
@@ -228,13 +250,15 @@ impl DmaSpace {
             _ => return Err(not_direct),
         };
         if access.reads() {
-            counters.record(false, len);
+            counters.record_read(len);
         }
         if access.writes() {
-            counters.record(true, len);
+            counters.record_write(len);
         }
         match chunks.as_slice() {
-            [Chunk::Mmap { range, offset, len }] => {
+            [Chunk::Mmap {
+                range, offset, len, ..
+            }] => {
                 let slice = mmap_slice(range, *offset, *len)?;
                 debug!(gpa, len, "zero-copy guest memory access");
                 Ok(f(slice))
@@ -265,20 +289,27 @@ impl DmaSpace {
 
     fn read_chunk(&self, chunk: &Chunk, gpa: u64, part: &mut [u8]) -> Result<(), DmaError> {
         match chunk {
-            Chunk::Mmap { range, offset, len } => {
+            Chunk::Mmap {
+                range, offset, len, ..
+            } => {
                 mmap_slice(range, *offset, *len)?.copy_to(part);
-                self.inner.mmap.record(false, part.len());
+                self.inner.mmap.record_read(part.len());
                 debug!(gpa, len, "dma read from guest memory");
             }
-            Chunk::Message { gpa, .. } => {
-                let link = self.link().ok_or(DmaError::NotConnected)?;
+            Chunk::File { range, offset, .. } => {
+                file_backing(range)?.read(gpa, *offset, part)?;
+                self.inner.file.record_read(part.len());
+                debug!(gpa, len = part.len(), "dma read from guest memory (pread)");
+            }
+            Chunk::Message { gpa, range_use, .. } => {
+                let messages = self.message_path().ok_or(DmaError::NotConnected)?;
                 debug!(gpa, len = part.len(), "dma read via DMA_READ messages");
-                link.dma_read(*gpa, part)?;
-                self.inner.message.record(false, part.len());
+                messages.dma_read(*gpa, part, range_use)?;
+                self.inner.message.record_read(part.len());
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.read_at(*offset, part)?;
-                self.inner.local.record(false, part.len());
+                self.inner.local.record_read(part.len());
                 debug!(
                     gpa,
                     len = part.len(),
@@ -292,20 +323,27 @@ impl DmaSpace {
 
     fn write_chunk(&self, chunk: &Chunk, gpa: u64, part: &[u8]) -> Result<(), DmaError> {
         match chunk {
-            Chunk::Mmap { range, offset, len } => {
+            Chunk::Mmap {
+                range, offset, len, ..
+            } => {
                 mmap_slice(range, *offset, *len)?.copy_from(part);
-                self.inner.mmap.record(true, part.len());
+                self.inner.mmap.record_write(part.len());
                 debug!(gpa, len, "dma write to guest memory");
             }
-            Chunk::Message { gpa, .. } => {
-                let link = self.link().ok_or(DmaError::NotConnected)?;
+            Chunk::File { range, offset, .. } => {
+                file_backing(range)?.write(gpa, *offset, part)?;
+                self.inner.file.record_write(part.len());
+                debug!(gpa, len = part.len(), "dma write to guest memory (pwrite)");
+            }
+            Chunk::Message { gpa, range_use, .. } => {
+                let messages = self.message_path().ok_or(DmaError::NotConnected)?;
                 debug!(gpa, len = part.len(), "dma write via DMA_WRITE messages");
-                link.dma_write(*gpa, part)?;
-                self.inner.message.record(true, part.len());
+                messages.dma_write(*gpa, part, range_use)?;
+                self.inner.message.record_write(part.len());
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.write_at(*offset, part)?;
-                self.inner.local.record(true, part.len());
+                self.inner.local.record_write(part.len());
                 debug!(
                     gpa,
                     len = part.len(),
@@ -326,12 +364,20 @@ fn mmap_slice(
     offset: usize,
     len: usize,
 ) -> Result<VolatileSlice<'_>, DmaError> {
-    let mapping = range
-        .mapping
-        .as_ref()
-        .ok_or(DmaError::Invalid("internal: no mapping"))?;
+    let Backing::Mmap(mapping) = &range.backing else {
+        return Err(DmaError::Invalid("internal: no mapping"));
+    };
     mapping
         .region
         .get_slice(offset, len)
         .map_err(|_| DmaError::Invalid("internal: mmap slice out of range"))
+}
+
+/// The file behind a pread/pwrite chunk; `resolve` only makes File chunks
+/// for such ranges.
+fn file_backing(range: &ClientRange) -> Result<&super::backing::FileBacking, DmaError> {
+    match &range.backing {
+        Backing::File(file) => Ok(file),
+        _ => Err(DmaError::Invalid("internal: no file backing")),
+    }
 }

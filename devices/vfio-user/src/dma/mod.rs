@@ -12,35 +12,43 @@
 //! [`DmaSpace`] is a cheap `Arc` handle: clone it into device threads.
 
 mod access;
+mod backing;
+mod inflight;
+mod message;
 mod ranges;
 mod types;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use vm_memory::mmap::MmapRegion;
+use tracing::warn;
 
-use crate::link::Link;
-
+use backing::Backing;
+pub(crate) use inflight::{RangeUse, RangeUsers};
+pub(crate) use message::MessageDma;
 pub use types::*;
 
 /// Default time a device thread waits for the client to answer one of our
-/// DMA_READ / DMA_WRITE messages.
+/// DMA_READ / DMA_WRITE messages, and the longest DMA_UNMAP, a reset or a
+/// disconnect waits for device accesses still running in a range.
 pub const DEFAULT_DMA_TIMEOUT: Duration = Duration::from_secs(10);
-/// An fd-backed client range, mapped MAP_SHARED. `delta` is where the
-/// range starts inside `region` (the mapping starts page-aligned).
-struct GuestMapping {
-    region: MmapRegion,
-    delta: usize,
-}
 
 struct ClientRange {
     gpa: u64,
     len: u64,
     perms: Perms,
-    mapping: Option<GuestMapping>,
+    backing: Backing,
+    /// Accesses running through this range right now.
+    users: Arc<RangeUsers>,
+}
+
+impl ClientRange {
+    fn end(&self) -> u64 {
+        // Checked when the range was inserted.
+        self.gpa.saturating_add(self.len)
+    }
 }
 
 struct LocalWindow {
@@ -60,15 +68,27 @@ struct AddressMap {
 
 /// One contiguous piece of an access, resolved while the map is locked and
 /// performed after the lock is released.
+///
+/// Client chunks hold a [`RangeUse`]: the range cannot finish an unmap,
+/// a reset or a disconnect while the chunk lives.
 enum Chunk {
     Mmap {
         range: Arc<ClientRange>,
         offset: usize,
         len: usize,
+        _use: RangeUse,
+    },
+    File {
+        range: Arc<ClientRange>,
+        /// Offset inside the range.
+        offset: u64,
+        len: usize,
+        _use: RangeUse,
     },
     Message {
         gpa: u64,
         len: usize,
+        range_use: RangeUse,
     },
     Local {
         window: Arc<LocalWindow>,
@@ -80,16 +100,21 @@ enum Chunk {
 impl Chunk {
     fn len(&self) -> usize {
         match self {
-            Chunk::Mmap { len, .. } | Chunk::Message { len, .. } | Chunk::Local { len, .. } => *len,
+            Chunk::Mmap { len, .. }
+            | Chunk::File { len, .. }
+            | Chunk::Message { len, .. }
+            | Chunk::Local { len, .. } => *len,
         }
     }
 }
 
 struct Inner {
     map: RwLock<AddressMap>,
-    link: RwLock<Option<Arc<Link>>>,
+    /// The connection's DMA_READ/DMA_WRITE path while a client is attached.
+    messages: RwLock<Option<Arc<dyn MessageDma>>>,
     timeout: Duration,
     mmap: TrafficCounters,
+    file: TrafficCounters,
     message: TrafficCounters,
     local: TrafficCounters,
 }
@@ -129,6 +154,8 @@ fn page_size() -> u64 {
 }
 
 impl DmaSpace {
+    /// An empty space (no client ranges, no windows, no connection) whose
+    /// message DMA waits [`DEFAULT_DMA_TIMEOUT`] for each reply.
     pub fn new() -> Self {
         Self::with_timeout(DEFAULT_DMA_TIMEOUT)
     }
@@ -138,15 +165,18 @@ impl DmaSpace {
         DmaSpace {
             inner: Arc::new(Inner {
                 map: RwLock::new(AddressMap::default()),
-                link: RwLock::new(None),
+                messages: RwLock::new(None),
                 timeout,
                 mmap: TrafficCounters::default(),
+                file: TrafficCounters::default(),
                 message: TrafficCounters::default(),
                 local: TrafficCounters::default(),
             }),
         }
     }
 
+    /// How long a DMA_READ/DMA_WRITE waits for its reply, and how long an
+    /// unmap, a reset or a disconnect waits for accesses to drain.
     pub fn timeout(&self) -> Duration {
         self.inner.timeout
     }
@@ -163,9 +193,9 @@ impl DmaSpace {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    fn link(&self) -> Option<Arc<Link>> {
+    fn message_path(&self) -> Option<Arc<dyn MessageDma>> {
         self.inner
-            .link
+            .messages
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -173,41 +203,112 @@ impl DmaSpace {
 
     /// Whether a client connection is attached (message-based DMA works).
     pub fn is_connected(&self) -> bool {
-        self.link().is_some()
+        self.message_path().is_some()
     }
 
-    pub(crate) fn attach(&self, link: Arc<Link>) {
+    /// Routes message-only ranges through `messages` (a connection that
+    /// negotiated VERSION). A connection attached before is closed.
+    pub(crate) fn attach(&self, messages: Arc<dyn MessageDma>) {
         let old = self
             .inner
-            .link
+            .messages
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .replace(link);
+            .replace(messages);
         if let Some(old) = old {
             old.close();
         }
     }
 
-    /// Drops the connection: pending message DMA fails, and every client
-    /// range goes away (local windows stay: they belong to the device).
+    /// Drops the connection: every client range goes away (local windows
+    /// stay: they belong to the device), pending message DMA fails, and
+    /// this returns once no device access touches the client's memory any
+    /// more (or after [`timeout`](Self::timeout), logged).
     pub(crate) fn detach(&self) {
+        let removed = std::mem::take(&mut self.map_mut().client);
+        let removed: Vec<Arc<ClientRange>> = removed.into_values().collect();
+        for range in &removed {
+            range.users.remove();
+        }
         let old = self
             .inner
-            .link
+            .messages
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(old) = old {
             old.close();
         }
-        self.unmap_all();
+        if !removed.is_empty() {
+            tracing::debug!(count = removed.len(), "all DMA ranges removed");
+        }
+        if let Err(e) = self.wait_drained(&removed) {
+            warn!("disconnect: {e}");
+        }
     }
 
+    /// Waits until no access runs through `ranges` (already closed to new
+    /// ones), at most [`timeout`](Self::timeout).
+    fn wait_drained(&self, ranges: &[Arc<ClientRange>]) -> Result<(), DmaError> {
+        let deadline = Instant::now() + self.inner.timeout;
+        for range in ranges {
+            if !range.users.wait_idle(deadline) {
+                return Err(DmaError::StillInUse {
+                    gpa: range.gpa,
+                    len: range.len,
+                    after: self.inner.timeout,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails message DMA waiting on ranges that were just closed.
+    fn cancel_closed_waits(&self) {
+        if let Some(messages) = self.message_path() {
+            messages.cancel_closed();
+        }
+    }
+
+    /// Stops all DMA to client memory until the returned fence is
+    /// dropped: new accesses fail with [`DmaError::Revoked`], message DMA
+    /// waiting for a reply fails at once, and this returns once the
+    /// accesses already running have finished (at most
+    /// [`timeout`](Self::timeout); the error says which range is still in
+    /// use, and the fence holds anyway). The transport fences the space
+    /// around a device reset, so device threads blocked in DMA return and
+    /// the device can quiesce without waiting for the reader thread.
+    pub(crate) fn fence(&self) -> (DmaFence, Result<(), DmaError>) {
+        let ranges: Vec<Arc<ClientRange>> = self.map().client.values().cloned().collect();
+        for range in &ranges {
+            range.users.fence();
+        }
+        self.cancel_closed_waits();
+        let drained = self.wait_drained(&ranges);
+        (DmaFence { ranges }, drained)
+    }
+
+    /// Bytes and operations so far, per access path.
     pub fn stats(&self) -> DmaStats {
         DmaStats {
             mmap: self.inner.mmap.snapshot(),
+            file: self.inner.file.snapshot(),
             message: self.inner.message.snapshot(),
             local: self.inner.local.snapshot(),
+        }
+    }
+}
+
+/// Holds client memory closed to DMA (see [`DmaSpace::fence`]) until
+/// dropped.
+pub(crate) struct DmaFence {
+    ranges: Vec<Arc<ClientRange>>,
+}
+
+impl Drop for DmaFence {
+    fn drop(&mut self) {
+        for range in &self.ranges {
+            range.users.unfence();
         }
     }
 }

@@ -1,23 +1,27 @@
 //! Client ranges (DMA_MAP / DMA_UNMAP) and device-owned local windows.
 
-use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use tracing::debug;
-use vm_memory::mmap::MmapRegion;
-use vm_memory::FileOffset;
 
+use super::backing::Backing;
 use super::{
-    page_size, range_end, AddressMap, ClientRange, DmaError, DmaRange, DmaSpace, GuestMapping,
-    LocalMemory, LocalWindow, LocalWindowId, Perms,
+    range_end, AddressMap, ClientRange, DmaError, DmaRange, DmaSpace, LocalMemory, LocalWindow,
+    LocalWindowId, Perms, RangeUsers,
 };
 
 impl DmaSpace {
-    /// Adds a client range backed by `fd` at `file_offset`, mmapped
-    /// MAP_SHARED with the protection `perms` asks for. The transport calls
-    /// this for DMA_MAP with an fd; device-model tests use it to fake
+    /// Adds a client range backed by `fd` at `file_offset`. The transport
+    /// calls this for DMA_MAP with an fd; device-model tests use it to fake
     /// guest RAM (e.g. with a [`crate::SharedMemory`]'s fd).
+    ///
+    /// The fd must be a regular file (or memfd) at least `file_offset +
+    /// len` bytes long, opened for the access `perms` asks for; anything
+    /// else is refused with [`DmaError::BadBacking`]. A file sealed with
+    /// `F_SEAL_SHRINK` is mmapped MAP_SHARED; any other is reached with
+    /// pread/pwrite, so a client shrinking it makes DMA fail
+    /// ([`DmaError::Truncated`]) instead of killing the server with SIGBUS.
     pub fn map_fd(
         &self,
         gpa: u64,
@@ -26,71 +30,24 @@ impl DmaSpace {
         fd: OwnedFd,
         file_offset: u64,
     ) -> Result<(), DmaError> {
-        let mapping = Self::mmap_range(len, perms, fd, file_offset)?;
-        self.insert_client(ClientRange {
-            gpa,
-            len,
-            perms,
-            mapping: Some(mapping),
-        })
+        // Check the address range before any syscall on the fd.
+        range_end(gpa, len)?;
+        let backing = Backing::from_fd(len, perms, fd, file_offset)?;
+        self.insert_client(gpa, len, perms, backing)
     }
 
     /// Adds a client range without an fd: accesses become messages.
     pub fn map_message_only(&self, gpa: u64, len: u64, perms: Perms) -> Result<(), DmaError> {
-        self.insert_client(ClientRange {
-            gpa,
-            len,
-            perms,
-            mapping: None,
-        })
+        self.insert_client(gpa, len, perms, Backing::Message)
     }
 
-    fn mmap_range(
+    fn insert_client(
+        &self,
+        gpa: u64,
         len: u64,
         perms: Perms,
-        fd: OwnedFd,
-        file_offset: u64,
-    ) -> Result<GuestMapping, DmaError> {
-        if len == 0 {
-            return Err(DmaError::Invalid("empty mapping"));
-        }
-        // mmap wants a page-aligned file offset; map from the page start.
-        let page = page_size();
-        let aligned = file_offset - file_offset % page;
-        let delta = file_offset - aligned;
-        let map_len = len
-            .checked_add(delta)
-            .and_then(|l| usize::try_from(l).ok())
-            .ok_or(DmaError::Invalid("mapping too large"))?;
-        let mut prot = libc::PROT_NONE;
-        if perms.read {
-            prot |= libc::PROT_READ;
-        }
-        if perms.write {
-            prot |= libc::PROT_WRITE;
-        }
-        let region = MmapRegion::build(
-            Some(FileOffset::new(File::from(fd), aligned)),
-            map_len,
-            prot,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
-        )
-        .map_err(|e| {
-            let errno = match &e {
-                vm_memory::mmap::MmapRegionError::Mmap(io) => io.raw_os_error(),
-                _ => None,
-            };
-            DmaError::Mmap(e.to_string(), errno.unwrap_or(libc::EINVAL))
-        })?;
-        Ok(GuestMapping {
-            region,
-            // delta < page size, which fits any usize.
-            delta: usize::try_from(delta).unwrap_or_default(),
-        })
-    }
-
-    fn insert_client(&self, range: ClientRange) -> Result<(), DmaError> {
-        let (gpa, len) = (range.gpa, range.len);
+        backing: Backing,
+    ) -> Result<(), DmaError> {
         if len == 0 {
             return Err(DmaError::Invalid("empty mapping"));
         }
@@ -100,63 +57,123 @@ impl DmaSpace {
         if let Some((_, prev)) = before {
             // The last range starting below our end must end at or before
             // our start (ranges never overlap each other).
-            if prev.gpa + prev.len > gpa {
+            if prev.end() > gpa {
                 return Err(DmaError::Overlap { gpa, len });
             }
         }
         debug!(
             gpa,
             len,
-            read = range.perms.read,
-            write = range.perms.write,
-            fd_backed = range.mapping.is_some(),
+            read = perms.read,
+            write = perms.write,
+            backing = match backing {
+                Backing::Mmap(_) => "mmap",
+                Backing::File(_) => "pread/pwrite",
+                Backing::Message => "messages",
+            },
             "DMA range added"
         );
-        map.client.insert(gpa, Arc::new(range));
+        map.client.insert(
+            gpa,
+            Arc::new(ClientRange {
+                gpa,
+                len,
+                perms,
+                backing,
+                users: Arc::new(RangeUsers::default()),
+            }),
+        );
         Ok(())
     }
 
     /// Removes every client range inside `[gpa, gpa+len)`. Fails, removing
-    /// nothing, if the range cuts a mapping in two or covers none. A
-    /// device thread still using a removed fd-backed range keeps its
-    /// mapping alive until it is done.
+    /// nothing, if the range cuts a mapping in two or covers none.
+    ///
+    /// Returns only once no device access touches the removed memory any
+    /// more: new accesses fail at once, message DMA waiting for a reply
+    /// to a removed range fails ([`DmaError::Revoked`]), and accesses
+    /// already copying are waited for, at most
+    /// [`timeout`](Self::timeout). If one is still running then, the
+    /// ranges stay removed and [`DmaError::StillInUse`] says which is
+    /// busy (its memory stays mapped here until that access ends). So a
+    /// reply to DMA_UNMAP sent after this returns really gives the memory
+    /// back.
     pub fn unmap(&self, gpa: u64, len: u64) -> Result<usize, DmaError> {
         let end = range_end(gpa, len)?;
-        let mut map = self.map_mut();
-        // A range starting before `gpa` that reaches into it is cut.
-        if let Some((_, prev)) = map.client.range(..gpa).next_back() {
-            if prev.gpa + prev.len > gpa {
-                return Err(DmaError::PartialUnmap { gpa, len });
+        let removed = {
+            let mut map = self.map_mut();
+            // A range starting before `gpa` that reaches into it is cut.
+            if let Some((_, prev)) = map.client.range(..gpa).next_back() {
+                if prev.end() > gpa {
+                    return Err(DmaError::PartialUnmap { gpa, len });
+                }
             }
-        }
-        let inside: Vec<u64> = map.client.range(gpa..end).map(|(k, _)| *k).collect();
-        if let Some(last) = inside.last().and_then(|k| map.client.get(k)) {
-            if last.gpa + last.len > end {
-                return Err(DmaError::PartialUnmap { gpa, len });
+            let inside: Vec<u64> = map.client.range(gpa..end).map(|(k, _)| *k).collect();
+            if let Some(last) = inside.last().and_then(|k| map.client.get(k)) {
+                if last.end() > end {
+                    return Err(DmaError::PartialUnmap { gpa, len });
+                }
             }
-        }
-        if inside.is_empty() {
-            return Err(DmaError::Unmapped { gpa, len });
-        }
-        for k in &inside {
-            map.client.remove(k);
-        }
-        debug!(gpa, len, removed = inside.len(), "DMA range removed");
-        Ok(inside.len())
+            if inside.is_empty() {
+                return Err(DmaError::Unmapped { gpa, len });
+            }
+            inside
+                .iter()
+                .filter_map(|k| map.client.remove(k))
+                .collect::<Vec<_>>()
+        };
+        debug!(gpa, len, removed = removed.len(), "DMA range removed");
+        self.close_and_drain(&removed)?;
+        Ok(removed.len())
     }
 
-    /// Removes every client range.
-    pub fn unmap_all(&self) {
-        let removed = std::mem::take(&mut self.map_mut().client);
+    /// Removes every client range, with the guarantee of
+    /// [`unmap`](Self::unmap).
+    pub fn unmap_all(&self) -> Result<usize, DmaError> {
+        let removed: Vec<Arc<ClientRange>> = std::mem::take(&mut self.map_mut().client)
+            .into_values()
+            .collect();
         if !removed.is_empty() {
             debug!(count = removed.len(), "all DMA ranges removed");
         }
+        self.close_and_drain(&removed)?;
+        Ok(removed.len())
     }
 
+    /// Closes removed ranges to new accesses, fails message DMA waiting on
+    /// them, and waits for the running accesses to end.
+    fn close_and_drain(&self, removed: &[Arc<ClientRange>]) -> Result<(), DmaError> {
+        for range in removed {
+            range.users.remove();
+        }
+        self.cancel_closed_waits();
+        self.wait_drained(removed)
+    }
+
+    /// Number of client ranges (what `max_dma_maps` limits).
     pub fn mapping_count(&self) -> usize {
         self.map().client.len()
     }
 
+    /// Number of client ranges that came with an fd (each keeps one open).
+    pub fn fd_mapping_count(&self) -> usize {
+        self.map()
+            .client
+            .values()
+            .filter(|r| !matches!(r.backing, Backing::Message))
+            .count()
+    }
+
+    /// Bytes of client memory mapped with an fd, all ranges together.
+    pub fn fd_mapped_bytes(&self) -> u64 {
+        self.map()
+            .client
+            .values()
+            .filter(|r| !matches!(r.backing, Backing::Message))
+            .fold(0u64, |sum, r| sum.saturating_add(r.len))
+    }
+
+    /// Every client range, in address order (for logs and tests).
     pub fn mappings(&self) -> Vec<DmaRange> {
         self.map()
             .client
@@ -165,7 +182,8 @@ impl DmaSpace {
                 gpa: r.gpa,
                 len: r.len,
                 perms: r.perms,
-                fd_backed: r.mapping.is_some(),
+                fd_backed: !matches!(r.backing, Backing::Message),
+                mmapped: matches!(r.backing, Backing::Mmap(_)),
             })
             .collect()
     }

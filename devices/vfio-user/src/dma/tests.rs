@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::SharedMemory;
+use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 
 const MIB: u64 = 1 << 20;
 
@@ -189,6 +191,142 @@ fn message_ranges_without_a_connection_fail_cleanly() {
     ));
 }
 
+/// A client that answers DMA messages from a byte array at gpa 0x4000,
+/// or fails every request with `fail`; it records what it was asked.
+#[derive(Default)]
+struct FakeClient {
+    memory: std::sync::Mutex<Vec<u8>>,
+    requests: std::sync::Mutex<Vec<(&'static str, u64, usize)>>,
+    fail: Option<DmaError>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl FakeClient {
+    const BASE: u64 = 0x4000;
+
+    fn with_memory(len: usize) -> Arc<Self> {
+        Arc::new(FakeClient {
+            memory: std::sync::Mutex::new((0..len).map(|i| i as u8).collect()),
+            ..FakeClient::default()
+        })
+    }
+
+    fn range(&self, gpa: u64, len: usize) -> std::ops::Range<usize> {
+        let start = (gpa - Self::BASE) as usize;
+        start..start + len
+    }
+}
+
+impl MessageDma for FakeClient {
+    fn dma_read(&self, gpa: u64, buf: &mut [u8], _range: &RangeUse) -> Result<(), DmaError> {
+        self.requests.lock().unwrap().push(("read", gpa, buf.len()));
+        if let Some(e) = &self.fail {
+            return Err(e.clone());
+        }
+        buf.copy_from_slice(&self.memory.lock().unwrap()[self.range(gpa, buf.len())]);
+        Ok(())
+    }
+
+    fn dma_write(&self, gpa: u64, data: &[u8], _range: &RangeUse) -> Result<(), DmaError> {
+        self.requests
+            .lock()
+            .unwrap()
+            .push(("write", gpa, data.len()));
+        if let Some(e) = &self.fail {
+            return Err(e.clone());
+        }
+        let range = self.range(gpa, data.len());
+        self.memory.lock().unwrap()[range].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn cancel_closed(&self) {}
+
+    fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Catches a space that sends message-only ranges anywhere but the
+/// attached message path, cuts them wrongly at a neighbouring window or
+/// RAM range, counts them on the wrong path, or keeps using a detached one.
+#[test]
+fn message_ranges_go_through_the_attached_message_path() {
+    let dma = DmaSpace::new();
+    let ram = guest_ram(MIB);
+    map_ram(&dma, &ram, 0x3000, 0x1000, Perms::READ_WRITE, 0);
+    dma.map_message_only(FakeClient::BASE, 0x1000, Perms::READ_WRITE)
+        .unwrap();
+    let client = FakeClient::with_memory(0x1000);
+    dma.attach(Arc::clone(&client) as Arc<dyn MessageDma>);
+    assert!(dma.is_connected());
+
+    // 16 bytes: the last 8 of RAM, then the first 8 of the message range.
+    let mut buf = [0u8; 16];
+    dma.read(0x3ff8, &mut buf).unwrap();
+    assert_eq!(&buf[8..], &[0, 1, 2, 3, 4, 5, 6, 7]);
+    dma.write(0x4100, b"peer").unwrap();
+    assert_eq!(&client.memory.lock().unwrap()[0x100..0x104], b"peer");
+    assert_eq!(
+        *client.requests.lock().unwrap(),
+        vec![("read", 0x4000, 8), ("write", 0x4100, 4)]
+    );
+    let stats = dma.stats();
+    assert_eq!(
+        stats.message,
+        Traffic {
+            read_ops: 1,
+            read_bytes: 8,
+            write_ops: 1,
+            write_bytes: 4,
+        }
+    );
+    assert_eq!((stats.mmap.read_ops, stats.mmap.read_bytes), (1, 8));
+
+    // Detaching closes the path and drops every client range.
+    dma.detach();
+    assert!(client.closed.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(!dma.is_connected());
+    assert_eq!(dma.mapping_count(), 0);
+}
+
+/// Catches a space that swallows a message-path error or counts bytes the
+/// client never delivered.
+#[test]
+fn message_path_errors_reach_the_caller_uncounted() {
+    let dma = DmaSpace::new();
+    dma.map_message_only(FakeClient::BASE, 0x1000, Perms::READ_WRITE)
+        .unwrap();
+    let client = Arc::new(FakeClient {
+        fail: Some(DmaError::Remote {
+            errno: libc::EFAULT,
+        }),
+        ..FakeClient::default()
+    });
+    dma.attach(Arc::clone(&client) as Arc<dyn MessageDma>);
+    let mut buf = [0u8; 8];
+    assert_eq!(
+        dma.read(FakeClient::BASE, &mut buf),
+        Err(DmaError::Remote {
+            errno: libc::EFAULT
+        })
+    );
+    assert_eq!(
+        dma.write(FakeClient::BASE, &buf),
+        Err(DmaError::Remote {
+            errno: libc::EFAULT
+        })
+    );
+    assert_eq!(dma.stats().message, Traffic::default());
+
+    // A second connection replaces the first, which is closed.
+    let next = FakeClient::with_memory(0x1000);
+    dma.attach(Arc::clone(&next) as Arc<dyn MessageDma>);
+    assert!(client.closed.load(std::sync::atomic::Ordering::SeqCst));
+    dma.read(FakeClient::BASE, &mut buf).unwrap();
+    assert_eq!(buf, [0, 1, 2, 3, 4, 5, 6, 7]);
+}
+
 #[test]
 fn local_windows_take_precedence_and_move() {
     let dma = DmaSpace::new();
@@ -267,23 +405,36 @@ fn scatter_gather_follows_segment_order() {
     ));
 }
 
+/// Catches an unmap that returns (and so lets the transport answer
+/// DMA_UNMAP) while a device thread still writes through a zero-copy
+/// slice: the client would get its memory back with our writes still
+/// landing in it.
 #[test]
-fn zero_copy_slices_outlive_a_concurrent_unmap() {
+fn unmap_waits_for_a_running_zero_copy_access() {
     let dma = DmaSpace::new();
     let ram = guest_ram(MIB);
     map_ram(&dma, &ram, 0x4000_0000, MIB, Perms::READ_WRITE, 0);
-    let value = dma
-        .with_slice(0x4000_0000 + 64, 8, Access::ReadWrite, |slice| {
-            // The client unmaps while we hold the slice: the mapping must
-            // stay valid until we are done.
-            dma.unmap(0x4000_0000, MIB).unwrap();
-            slice.copy_from(&[7u8; 8]);
-            let mut out = [0u8; 8];
-            slice.copy_to(&mut out);
-            out
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let worker = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.with_slice(0x4000_0000 + 64, 8, Access::ReadWrite, |slice| {
+                started_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                slice.copy_from(&[7u8; 8]);
+                Instant::now()
+            })
+            .unwrap()
         })
-        .unwrap();
-    assert_eq!(value, [7u8; 8]);
+    };
+    started.recv().unwrap();
+    dma.unmap(0x4000_0000, MIB).unwrap();
+    let unmapped_at = Instant::now();
+    let wrote_at = worker.join().unwrap();
+    assert!(
+        wrote_at <= unmapped_at,
+        "unmap returned before the access ended"
+    );
     let mut seen = [0u8; 8];
     ram.read_at(64, &mut seen).unwrap();
     assert_eq!(seen, [7u8; 8]);
@@ -305,6 +456,143 @@ fn zero_copy_slices_outlive_a_concurrent_unmap() {
     ));
 }
 
+/// Catches an unmap that waits forever (or gives the memory back) when a
+/// device access outlives the timeout: it must fail with StillInUse and
+/// leave the range removed.
+#[test]
+fn unmap_gives_up_after_the_timeout_and_says_which_range_is_busy() {
+    let dma = DmaSpace::with_timeout(Duration::from_millis(50));
+    let ram = guest_ram(MIB);
+    map_ram(&dma, &ram, 0x10_0000, MIB, Perms::READ_WRITE, 0);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let worker = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.with_slice(0x10_0000, 8, Access::Write, |_| {
+                started_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(400));
+            })
+        })
+    };
+    started.recv().unwrap();
+    let err = dma.unmap(0x10_0000, MIB).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DmaError::StillInUse {
+                gpa: 0x10_0000,
+                len: MIB,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.errno(), libc::EBUSY);
+    assert_eq!(dma.mapping_count(), 0);
+    worker.join().unwrap().unwrap();
+}
+
+/// A client that never answers: every message DMA waits until its range
+/// is closed and `cancel_closed` runs, as the connection's waiters do.
+#[derive(Default)]
+struct SilentClient {
+    waiting: std::sync::Mutex<Vec<Arc<RangeUsers>>>,
+    wake: std::sync::Condvar,
+}
+
+impl SilentClient {
+    fn wait(&self, range: &RangeUse, gpa: u64, len: usize) -> Result<(), DmaError> {
+        let mut waiting = self.waiting.lock().unwrap();
+        waiting.push(Arc::clone(range.users()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !range.users().is_cancelled() {
+            assert!(Instant::now() < deadline, "never cancelled");
+            waiting = self
+                .wake
+                .wait_timeout(waiting, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+        Err(DmaError::Revoked {
+            gpa,
+            len: len as u64,
+        })
+    }
+    fn waiters(&self) -> usize {
+        self.waiting.lock().unwrap().len()
+    }
+}
+
+impl MessageDma for SilentClient {
+    fn dma_read(&self, gpa: u64, buf: &mut [u8], range: &RangeUse) -> Result<(), DmaError> {
+        self.wait(range, gpa, buf.len())
+    }
+    fn dma_write(&self, gpa: u64, data: &[u8], range: &RangeUse) -> Result<(), DmaError> {
+        self.wait(range, gpa, data.len())
+    }
+    fn cancel_closed(&self) {
+        self.wake.notify_all();
+    }
+    fn close(&self) {
+        self.wake.notify_all();
+    }
+}
+
+/// Catches an unmap or a fence that waits for a message DMA whose reply
+/// only the (blocked) reader thread could deliver, instead of failing it:
+/// the unmap would hang until the DMA timeout.
+#[test]
+fn unmap_and_fence_fail_message_dma_waiting_for_a_reply() {
+    let dma = DmaSpace::with_timeout(Duration::from_secs(30));
+    let client = Arc::new(SilentClient::default());
+    dma.attach(Arc::clone(&client) as Arc<dyn MessageDma>);
+    dma.map_message_only(0x8000_0000, 0x1000, Perms::READ_WRITE)
+        .unwrap();
+    dma.map_message_only(0x9000_0000, 0x1000, Perms::READ_WRITE)
+        .unwrap();
+    let spawn_write = |gpa: u64| {
+        let dma = dma.clone();
+        std::thread::spawn(move || dma.write(gpa, b"late"))
+    };
+    let first = spawn_write(0x8000_0000);
+    while client.waiters() < 1 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t0 = Instant::now();
+    dma.unmap(0x8000_0000, 0x1000).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "unmap waited for the reply"
+    );
+    assert!(matches!(
+        first.join().unwrap(),
+        Err(DmaError::Revoked {
+            gpa: 0x8000_0000,
+            ..
+        })
+    ));
+
+    // A fence (device reset) does the same for every range, then lets
+    // accesses through again once dropped.
+    let second = spawn_write(0x9000_0000);
+    while client.waiters() < 2 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (fence, drained) = dma.fence();
+    drained.unwrap();
+    assert!(matches!(
+        second.join().unwrap(),
+        Err(DmaError::Revoked { .. })
+    ));
+    assert!(matches!(
+        dma.write(0x9000_0000, b"x"),
+        Err(DmaError::Revoked { .. })
+    ));
+    drop(fence);
+    assert_eq!(dma.mapping_count(), 1);
+    assert_eq!(dma.classify(0x9000_0000, 1), DmaTarget::MessageOnly);
+}
+
 #[test]
 fn readonly_client_memory_is_mapped_without_write() {
     let dma = DmaSpace::new();
@@ -318,10 +606,49 @@ fn readonly_client_memory_is_mapped_without_write() {
     assert!(dma.mappings()[0].fd_backed);
 }
 
+fn memfd(size: u64, seals: i32) -> File {
+    // SAFETY: memfd_create reads a valid NUL-terminated name.
+    let raw = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(raw >= 0);
+    // SAFETY: `raw` was just created and nothing else owns it.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    file.set_len(size).unwrap();
+    if seals != 0 {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        // SAFETY: F_ADD_SEALS on our own memfd.
+        let rc = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) };
+        assert_eq!(rc, 0);
+    }
+    file
+}
+
+fn owned(file: &File) -> OwnedFd {
+    file.as_fd().try_clone_to_owned().unwrap()
+}
+
+/// Catches a DMA_MAP that accepts memory which faults later: a file
+/// shorter than the range (the first DMA past its end was a SIGBUS), a
+/// pipe or device node, or an fd whose open mode lacks the permission.
 #[test]
-fn mmap_failures_become_errors() {
+fn fds_that_could_fault_later_are_refused() {
     let dma = DmaSpace::new();
-    // A pipe cannot be mmapped.
+    let small = memfd(4096, libc::F_SEAL_SHRINK);
+    let err = dma
+        .map_fd(0, MIB, Perms::READ_WRITE, owned(&small), 0)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
+    assert_eq!(err.errno(), libc::EINVAL);
+    // Inside the size, but the offset pushes the end past it.
+    let err = dma
+        .map_fd(0, 4096, Perms::READ_WRITE, owned(&small), 1)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
+    let err = dma
+        .map_fd(0, 4096, Perms::READ_WRITE, owned(&small), u64::MAX)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
+
+    // A pipe and a character device are not memory.
     let mut fds = [0; 2];
     // SAFETY: pipe fills two fds that we then own.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -333,7 +660,75 @@ fn mmap_failures_become_errors() {
         )
     };
     let err = dma.map_fd(0, 0x1000, Perms::READ_WRITE, r, 0).unwrap_err();
-    assert!(matches!(err, DmaError::Mmap(_, _)), "{err:?}");
-    assert_ne!(err.errno(), 0);
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
+    let zero = File::open("/dev/zero").unwrap();
+    let err = dma
+        .map_fd(0, 0x1000, Perms::READ_ONLY, zero.into(), 0)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
+
+    // A read-only fd cannot back a writable range, sealed or not.
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&small));
+    let readonly = File::open(&path).unwrap();
+    let err = dma
+        .map_fd(0, 4096, Perms::READ_WRITE, readonly.into(), 0)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::BadBacking(_)), "{err:?}");
     assert_eq!(dma.mapping_count(), 0);
+
+    // mmap itself can still refuse: a write-sealed memfd mapped writable.
+    let write_sealed = memfd(4096, libc::F_SEAL_SHRINK | libc::F_SEAL_WRITE);
+    let err = dma
+        .map_fd(0, 4096, Perms::READ_WRITE, owned(&write_sealed), 0)
+        .unwrap_err();
+    assert!(matches!(err, DmaError::Mmap(_, libc::EPERM)), "{err:?}");
+    assert_eq!(dma.mapping_count(), 0);
+}
+
+/// Catches unsealed client memory being mmapped: a client truncating it
+/// after DMA_MAP would make the next DMA a SIGBUS that kills the server.
+/// Such memory is reached by pread/pwrite, and a shrink makes DMA fail.
+#[test]
+fn memory_that_may_shrink_is_not_mmapped_and_a_shrink_fails_dma_cleanly() {
+    let dma = DmaSpace::new();
+    let sealed = memfd(MIB, libc::F_SEAL_SHRINK);
+    let loose = memfd(MIB, 0);
+    dma.map_fd(0, MIB, Perms::READ_WRITE, owned(&sealed), 0)
+        .unwrap();
+    dma.map_fd(0x1000_0000, MIB, Perms::READ_WRITE, owned(&loose), 0)
+        .unwrap();
+    let ranges = dma.mappings();
+    assert!(ranges[0].mmapped && ranges[0].fd_backed);
+    assert!(!ranges[1].mmapped && ranges[1].fd_backed);
+
+    dma.write(0x1000_0000 + 0x8000, b"pwrite").unwrap();
+    let mut back = [0u8; 6];
+    loose.read_exact_at(&mut back, 0x8000).unwrap();
+    assert_eq!(&back, b"pwrite");
+    dma.read(0x1000_0000 + 0x8000, &mut back).unwrap();
+    assert_eq!(&back, b"pwrite");
+    let stats = dma.stats();
+    assert_eq!((stats.file.read_bytes, stats.file.write_bytes), (6, 6));
+    assert_eq!(stats.mmap, Traffic::default());
+    // Zero-copy needs a mapping: the caller falls back to copying.
+    assert!(matches!(
+        dma.with_slice(0x1000_0000, 8, Access::Read, |_| ()),
+        Err(DmaError::NotDirect { .. })
+    ));
+
+    // The client shrinks its file to one page.
+    loose.set_len(4096).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!(
+        dma.read(0x1000_0000 + 0x8000, &mut buf),
+        Err(DmaError::Truncated { .. })
+    ));
+    assert!(matches!(
+        dma.write(0x1000_0000 + 0x8000, &buf),
+        Err(DmaError::Truncated { .. })
+    ));
+    assert_eq!(loose.metadata().unwrap().len(), 4096, "a DMA grew the file");
+    dma.read(0x1000_0000, &mut buf).unwrap();
+    // The sealed one cannot shrink at all.
+    assert!(sealed.set_len(4096).is_err());
 }

@@ -7,42 +7,147 @@ use std::time::Duration;
 use vm_memory::VolatileSlice;
 
 /// Why a DMA access failed. Nothing here panics on a bad address.
+///
+/// Address faults carry the guest-physical range (`gpa`, `len` in bytes)
+/// that failed, so a device can report exactly which access broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DmaError {
+    /// Some byte of the range is in no client range and no local window.
     #[error("guest address {gpa:#x} (+{len}) is not mapped")]
-    Unmapped { gpa: u64, len: u64 },
+    Unmapped {
+        /// Where the unmapped part starts (for an unmap: the request's
+        /// start).
+        gpa: u64,
+        /// Bytes from there to the end of the access or request.
+        len: u64,
+    },
+    /// `gpa + len` does not fit in 64 bits.
     #[error("guest range {gpa:#x}+{len} wraps around the address space")]
-    Overflow { gpa: u64, len: u64 },
+    Overflow {
+        /// Start of the range.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// The client mapped the range without the permission the access
+    /// needs (DMA_MAP flags).
     #[error("guest address {gpa:#x} is mapped without {} permission", if *.write { "write" } else { "read" })]
-    Permission { gpa: u64, write: bool },
+    Permission {
+        /// First address of the range that lacks the permission.
+        gpa: u64,
+        /// Write permission was missing (else read permission).
+        write: bool,
+    },
+    /// A zero-copy access ([`DmaSpace::with_slice`](crate::DmaSpace::with_slice))
+    /// hit memory that only messages reach, or spans several mappings; the
+    /// caller falls back to copying.
     #[error("guest range {gpa:#x}+{len} is not one directly accessible mapping")]
-    NotDirect { gpa: u64, len: u64 },
+    NotDirect {
+        /// Start of the access.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// An access or window leaves the device memory behind it.
     #[error("offset {offset:#x}+{len} is outside memory of {size} bytes")]
-    OutOfBounds { offset: u64, len: u64, size: u64 },
+    OutOfBounds {
+        /// Offset inside the memory.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the memory.
+        size: u64,
+    },
+    /// A new client range or local window overlaps one already there.
     #[error("range {gpa:#x}+{len} overlaps an existing mapping")]
-    Overlap { gpa: u64, len: u64 },
+    Overlap {
+        /// Start of the refused range.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// DMA_UNMAP would cut a mapping in two, or covers none.
     #[error("range {gpa:#x}+{len} does not cover whole mappings")]
-    PartialUnmap { gpa: u64, len: u64 },
+    PartialUnmap {
+        /// Start of the unmap request.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A caller's argument makes no sense (an empty mapping, scatter-gather
+    /// lengths that do not add up); the text says which.
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// No local window has this id (it was removed).
     #[error("unknown local window")]
     UnknownWindow,
+    /// Message DMA was attempted on the connection's reader thread, which
+    /// is the thread that would have to read the reply.
     #[error("message-based DMA from the connection's reader thread would deadlock")]
     WouldDeadlock,
+    /// Message DMA was attempted while no client is attached.
     #[error("no client is connected")]
     NotConnected,
+    /// The client went away while a DMA message waited for its reply.
     #[error("the client disconnected")]
     Disconnected,
+    /// The client did not answer a DMA message in time.
     #[error("the client did not answer within {after:?}")]
-    Timeout { after: Duration },
+    Timeout {
+        /// How long we waited.
+        after: Duration,
+    },
+    /// Every message id is taken by a request still waiting.
     #[error("too many DMA requests in flight")]
     Busy,
+    /// The client answered a DMA message with an error reply.
     #[error("the client refused the access (errno {errno})")]
-    Remote { errno: i32 },
+    Remote {
+        /// The errno in the client's reply.
+        errno: i32,
+    },
+    /// The client's reply to a DMA message does not match the request.
     #[error("malformed reply from the client: {0}")]
     Protocol(String),
+    /// Mapping a client's fd failed: the mmap error and its errno.
     #[error("mmap failed: {0}")]
     Mmap(String, i32),
+    /// A DMA_MAP fd that could fault later was refused: not a regular
+    /// file, too short for the range, or opened without the access the
+    /// range needs; the text says which.
+    #[error("client memory fd refused: {0}")]
+    BadBacking(String),
+    /// The client's file behind the range shrank below it (the range was
+    /// not sealed against shrinking, so it is reached by pread/pwrite).
+    #[error("guest range {gpa:#x}+{len} lies past the end of the client's file (it shrank)")]
+    Truncated {
+        /// Start of the access.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// The range was unmapped, or the device is being reset (DMA is
+    /// fenced), while the access was starting or waiting for a reply.
+    #[error("guest range {gpa:#x}+{len} was unmapped or fenced during the access")]
+    Revoked {
+        /// Start of the access (or of the message that was cancelled).
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A range was removed, but a device access through it was still
+    /// running after this long (an unmap then fails with this error; the
+    /// memory stays mapped here until the access ends).
+    #[error("guest range {gpa:#x}+{len} still in use by the device after {after:?}")]
+    StillInUse {
+        /// Start of the range.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// Sending a DMA message failed; the connection is being dropped.
     #[error("socket error: {0}")]
     Io(String),
 }
@@ -67,6 +172,10 @@ impl DmaError {
             DmaError::Remote { errno } => *errno,
             DmaError::Protocol(_) => libc::EPROTO,
             DmaError::Mmap(_, errno) => *errno,
+            DmaError::BadBacking(_) => libc::EINVAL,
+            DmaError::Truncated { .. } => libc::EFAULT,
+            DmaError::Revoked { .. } => libc::ECANCELED,
+            DmaError::StillInUse { .. } => libc::EBUSY,
             DmaError::Io(_) => libc::EIO,
         }
     }
@@ -75,15 +184,19 @@ impl DmaError {
 /// Read/write permission of a client range (DMA_MAP flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Perms {
+    /// The device may read the range (DMA_MAP_READ).
     pub read: bool,
+    /// The device may write the range (DMA_MAP_WRITE).
     pub write: bool,
 }
 
 impl Perms {
+    /// What guest RAM usually gets.
     pub const READ_WRITE: Perms = Perms {
         read: true,
         write: true,
     };
+    /// Memory the device must not write (e.g. ROM).
     pub const READ_ONLY: Perms = Perms {
         read: true,
         write: false,
@@ -93,8 +206,11 @@ impl Perms {
 /// What a zero-copy access intends to do with the memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
+    /// Only reads: needs read permission.
     Read,
+    /// Only writes: needs write permission.
     Write,
+    /// Both (e.g. an in-place update): needs both permissions.
     ReadWrite,
 }
 
@@ -130,8 +246,11 @@ pub enum DmaTarget {
 /// Memory a device can expose at a guest-physical address as a local
 /// window. [`crate::SharedMemory`] implements it.
 pub trait LocalMemory: Send + Sync {
+    /// Size in bytes; a window must fit inside it.
     fn size(&self) -> u64;
+    /// Copies `buf.len()` bytes from `offset` into `buf`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    /// Copies `data` to `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError>;
     /// The whole memory for zero-copy access, if it is plain host memory.
     fn volatile_slice(&self) -> Option<VolatileSlice<'_>> {
@@ -142,9 +261,13 @@ pub trait LocalMemory: Send + Sync {
 /// Byte and operation counts for one path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
+    /// Reads served by this path (one per resolved piece of an access).
     pub read_ops: u64,
+    /// Bytes read through this path.
     pub read_bytes: u64,
+    /// Writes served by this path.
     pub write_ops: u64,
+    /// Bytes written through this path.
     pub write_bytes: u64,
 }
 
@@ -152,18 +275,31 @@ pub struct Traffic {
 /// go to guest RAM, to a peer through messages, or to our own window?").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DmaStats {
+    /// Client memory mmapped here (guest RAM sealed against shrinking).
     pub mmap: Traffic,
+    /// Client memory reached by pread/pwrite on its fd (a file not sealed
+    /// against shrinking, e.g. QEMU's `memory-backend-file`).
+    pub file: Traffic,
+    /// DMA_READ/DMA_WRITE messages (peer BARs and other fd-less ranges).
     pub message: Traffic,
+    /// The device's own local windows.
     pub local: Traffic,
 }
 
-/// A client range as listed by [`DmaSpace::mappings`].
+/// A client range as listed by [`DmaSpace::mappings`](super::DmaSpace::mappings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DmaRange {
+    /// Guest-physical start.
     pub gpa: u64,
+    /// Length in bytes.
     pub len: u64,
+    /// What the client allowed.
     pub perms: Perms,
+    /// Whether it came with an fd (else it is reached by messages).
     pub fd_backed: bool,
+    /// Whether it is mmapped here (an fd sealed against shrinking); an
+    /// fd-backed range that is not is reached by pread/pwrite.
+    pub mmapped: bool,
 }
 
 #[derive(Default)]
@@ -175,14 +311,15 @@ pub(super) struct TrafficCounters {
 }
 
 impl TrafficCounters {
-    pub(super) fn record(&self, write: bool, bytes: usize) {
-        let (ops, total) = if write {
-            (&self.write_ops, &self.write_bytes)
-        } else {
-            (&self.read_ops, &self.read_bytes)
-        };
-        ops.fetch_add(1, Ordering::Relaxed);
-        total.fetch_add(bytes as u64, Ordering::Relaxed);
+    /// Counts one read of `bytes` bytes.
+    pub(super) fn record_read(&self, bytes: usize) {
+        self.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    /// Counts one write of `bytes` bytes.
+    pub(super) fn record_write(&self, bytes: usize) {
+        self.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
     pub(super) fn snapshot(&self) -> Traffic {
         Traffic {

@@ -7,12 +7,12 @@ use vfio_bindings::bindings::vfio::{
     VFIO_DMA_UNMAP_FLAG_ALL, VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP,
 };
 
-use super::{Handled, Refusal, Reply, Session};
-use crate::dma::Perms;
+use super::{CommandOutcome, Refusal, Reply, Session};
+use crate::dma::{DmaError, Perms};
 use crate::protocol::{Reader, Writer, DMA_MAP_READ, DMA_MAP_WRITE};
 
 impl Session<'_> {
-    pub(super) fn dma_map(&mut self, payload: &[u8], mut fds: Vec<OwnedFd>) -> Handled {
+    pub(super) fn dma_map(&mut self, payload: &[u8], mut fds: Vec<OwnedFd>) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(_argsz), Some(map_flags), Some(offset), Some(gpa), Some(size)) =
             (r.u32(), r.u32(), r.u64(), r.u64(), r.u64())
@@ -48,8 +48,34 @@ impl Session<'_> {
         if self.dma.mapping_count() >= self.config.max_dma_maps as usize {
             return Err(Refusal::new(
                 libc::ENOSPC,
-                format!("already {} DMA mappings", self.config.max_dma_maps),
+                format!(
+                    "already {} DMA mappings (max_dma_maps)",
+                    self.config.max_dma_maps
+                ),
             ));
+        }
+        if !fds.is_empty() {
+            // Each fd-backed range keeps its fd open and its memory mapped.
+            if self.dma.fd_mapping_count() >= self.config.max_fd_dma_maps as usize {
+                return Err(Refusal::new(
+                    libc::ENOSPC,
+                    format!(
+                        "already {} DMA mappings with an fd (max_fd_dma_maps)",
+                        self.config.max_fd_dma_maps
+                    ),
+                ));
+            }
+            let total = self.dma.fd_mapped_bytes().saturating_add(size);
+            if total > self.config.max_dma_mapped_bytes {
+                return Err(Refusal::new(
+                    libc::ENOSPC,
+                    format!(
+                        "{total:#x} bytes of fd-backed DMA mappings would exceed \
+                         max_dma_mapped_bytes {:#x}",
+                        self.config.max_dma_mapped_bytes
+                    ),
+                ));
+            }
         }
         match fds.pop() {
             Some(fd) => self.dma.map_fd(gpa, size, perms, fd, offset)?,
@@ -59,7 +85,7 @@ impl Session<'_> {
         Ok(Reply::empty())
     }
 
-    pub(super) fn dma_unmap(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn dma_unmap(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(_argsz), Some(unmap_flags), Some(gpa), Some(size)) =
             (r.u32(), r.u32(), r.u64(), r.u64())
@@ -82,14 +108,23 @@ impl Session<'_> {
             if gpa != 0 || size != 0 {
                 return Err(Refusal::inval("unmap-all with a non-zero range"));
             }
-            self.dma.unmap_all();
+            // Returns once no device access touches the memory any more.
+            let drained = self.dma.unmap_all();
+            self.device.dma_changed();
+            drained?;
         } else {
             if size == 0 {
                 return Err(Refusal::inval("DMA_UNMAP of size 0"));
             }
-            self.dma.unmap(gpa, size)?;
+            // Returns once no device access touches the memory any more;
+            // an access still running after the timeout fails the unmap
+            // (the range is gone either way).
+            let drained = self.dma.unmap(gpa, size);
+            if matches!(drained, Ok(_) | Err(DmaError::StillInUse { .. })) {
+                self.device.dma_changed();
+            }
+            drained?;
         }
-        self.device.dma_changed();
         // The reply echoes the request's entry.
         let mut w = Writer::with_capacity(24);
         w.u32(24).u32(unmap_flags).u64(gpa).u64(size);

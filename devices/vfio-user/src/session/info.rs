@@ -1,6 +1,6 @@
 //! Device, region and interrupt information, and SET_IRQS.
 
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use tracing::debug;
 use vfio_bindings::bindings::vfio::{
@@ -11,8 +11,9 @@ use vfio_bindings::bindings::vfio::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{Handled, Refusal, Reply, Session};
+use super::{CommandOutcome, Refusal, Reply, Session};
 use crate::device::{IrqAction, IrqData, IrqSet};
+use crate::fdkind::{fd_target, is_eventfd, set_nonblocking};
 use crate::protocol::{Reader, Writer};
 
 /// Size of `struct vfio_region_info` (argsz .. offset).
@@ -22,7 +23,7 @@ const DEVICE_INFO_SIZE: u32 = 16;
 const IRQ_INFO_SIZE: u32 = 16;
 
 impl Session<'_> {
-    pub(super) fn device_get_info(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn device_get_info(&mut self, payload: &[u8]) -> CommandOutcome {
         let argsz = Reader::new(payload)
             .u32()
             .ok_or_else(|| Refusal::inval("DEVICE_GET_INFO without argsz"))?;
@@ -50,7 +51,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    pub(super) fn region_info(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn region_info(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(argsz), Some(_flags), Some(index)) = (r.u32(), r.u32(), r.u32()) else {
             return Err(Refusal::inval("GET_REGION_INFO payload too short"));
@@ -123,7 +124,7 @@ impl Session<'_> {
         })
     }
 
-    pub(super) fn irq_info(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn irq_info(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(argsz), Some(_flags), Some(index)) = (r.u32(), r.u32(), r.u32()) else {
             return Err(Refusal::inval("GET_IRQ_INFO payload too short"));
@@ -159,7 +160,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    pub(super) fn set_irqs(&mut self, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
+    pub(super) fn set_irqs(&mut self, payload: &[u8], fds: Vec<OwnedFd>) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(_argsz), Some(set_flags), Some(index), Some(start), Some(count)) =
             (r.u32(), r.u32(), r.u32(), r.u32(), r.u32())
@@ -245,6 +246,23 @@ impl Session<'_> {
                     // No fds: unbind the vectors (QEMU sends -1 this way).
                     IrqData::EventFds((0..count).map(|_| None).collect())
                 } else if fds.len() == count as usize {
+                    // Only real eventfds, made non-blocking: a pipe or a
+                    // counter pre-filled to its maximum would otherwise
+                    // block the thread that signals the interrupt.
+                    for (i, fd) in fds.iter().enumerate() {
+                        if !is_eventfd(fd.as_fd()) {
+                            let what = fd_target(fd.as_fd()).unwrap_or_else(|e| e.to_string());
+                            return Err(Refusal::inval(format!(
+                                "DATA_EVENTFD fd {i} is not an eventfd ({what})"
+                            )));
+                        }
+                        set_nonblocking(fd.as_fd()).map_err(|e| {
+                            Refusal::new(
+                                e.raw_os_error().unwrap_or(libc::EINVAL),
+                                format!("cannot make interrupt eventfd {i} non-blocking: {e}"),
+                            )
+                        })?;
+                    }
                     IrqData::EventFds(
                         fds.into_iter()
                             // SAFETY: each fd was received over the socket

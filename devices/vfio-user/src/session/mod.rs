@@ -15,19 +15,37 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
+use crate::config::ServerConfig;
 use crate::device::{Device, DeviceError};
-use crate::dma::{DmaError, DmaSpace};
+use crate::dma::{DmaError, DmaSpace, MessageDma};
 use crate::link::Link;
 use crate::protocol::{
     cmd, command_name, flags, Capabilities, Header, Reader, Writer, HEADER_SIZE,
     MAX_DATA_XFER_LIMIT, MESSAGE_OVERHEAD, VERSION_MAJOR, VERSION_MINOR,
 };
-use crate::server::{ConnectionEnd, ServerConfig};
+use crate::record::Recorder;
 use crate::socket::recv_with_fds;
 
 mod dma_cmds;
 mod info;
 mod region;
+
+/// Smallest `max_data_xfer_size` a client may announce: one page.
+const MIN_CLIENT_XFER: u32 = 4096;
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEnd {
+    /// The client closed the socket between messages.
+    ClientClosed,
+    /// [`ShutdownHandle::shutdown`](crate::ShutdownHandle::shutdown) was called.
+    Shutdown,
+    /// The client broke the protocol badly enough that the stream cannot
+    /// be trusted (impossible header size, EOF inside a message).
+    Protocol(String),
+    /// A socket error.
+    Io(String),
+}
 
 /// A refused request: the errno for the reply and a reason for the log.
 #[derive(Debug)]
@@ -76,7 +94,9 @@ impl Reply {
     }
 }
 
-type Handled = Result<Reply, Refusal>;
+/// How a client command ends: a reply to send, or a refusal that becomes
+/// an error reply (or a log line, for a command that asked for no reply).
+type CommandOutcome = Result<Reply, Refusal>;
 
 /// One fully read message.
 struct Message {
@@ -92,6 +112,16 @@ enum Inbound {
     Closed,
 }
 
+/// Where in the stream a read starts, which decides what an end of stream
+/// means: the client hanging up, or a message cut short.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StreamPosition {
+    /// Before the first byte of a message: EOF is a clean close.
+    MessageStart,
+    /// Inside a message: EOF breaks the protocol.
+    InsideMessage,
+}
+
 /// What the client announced in VERSION, once negotiated.
 struct Negotiated {
     client: Capabilities,
@@ -104,6 +134,7 @@ pub(crate) struct Session<'a> {
     stream: &'a UnixStream,
     link: Arc<Link>,
     negotiated: Option<Negotiated>,
+    recorder: Option<&'a Recorder>,
 }
 
 impl<'a> Session<'a> {
@@ -113,6 +144,7 @@ impl<'a> Session<'a> {
         dma: &'a DmaSpace,
         stream: &'a UnixStream,
         link: Arc<Link>,
+        recorder: Option<&'a Recorder>,
     ) -> Self {
         Session {
             config,
@@ -121,6 +153,7 @@ impl<'a> Session<'a> {
             stream,
             link,
             negotiated: None,
+            recorder,
         }
     }
 
@@ -157,7 +190,7 @@ impl<'a> Session<'a> {
         buf: &mut [u8],
         fds: &mut Vec<OwnedFd>,
         truncated: &mut bool,
-        at_start: bool,
+        position: StreamPosition,
     ) -> Result<bool, ConnectionEnd> {
         let max_fds = self.config.max_msg_fds as usize;
         let mut filled = 0;
@@ -167,7 +200,7 @@ impl<'a> Session<'a> {
                 .map_err(|e| ConnectionEnd::Io(e.to_string()))?;
             *truncated |= got.fds_truncated;
             if got.bytes == 0 {
-                if at_start && filled == 0 {
+                if position == StreamPosition::MessageStart && filled == 0 {
                     return Ok(false);
                 }
                 return Err(ConnectionEnd::Protocol(format!(
@@ -184,7 +217,12 @@ impl<'a> Session<'a> {
         let mut fds = Vec::new();
         let mut fds_truncated = false;
         let mut raw = [0u8; HEADER_SIZE];
-        if !self.read_full(&mut raw, &mut fds, &mut fds_truncated, true)? {
+        if !self.read_full(
+            &mut raw,
+            &mut fds,
+            &mut fds_truncated,
+            StreamPosition::MessageStart,
+        )? {
             return Ok(Inbound::Closed);
         }
         let header = Header::decode(&raw);
@@ -213,15 +251,29 @@ impl<'a> Session<'a> {
             while left > 0 {
                 let n = left.min(scratch.len());
                 let part = scratch.get_mut(..n).unwrap_or_default();
-                self.read_full(part, &mut fds, &mut fds_truncated, false)?;
+                self.read_full(
+                    part,
+                    &mut fds,
+                    &mut fds_truncated,
+                    StreamPosition::InsideMessage,
+                )?;
                 left -= n;
             }
             None
         } else {
             let mut payload = vec![0u8; payload_len];
-            self.read_full(&mut payload, &mut fds, &mut fds_truncated, false)?;
+            self.read_full(
+                &mut payload,
+                &mut fds,
+                &mut fds_truncated,
+                StreamPosition::InsideMessage,
+            )?;
             Some(payload)
         };
+        if let Some(recorder) = self.recorder {
+            // An oversize payload was discarded: only its header is kept.
+            recorder.message(&fds, &[&raw, payload.as_deref().unwrap_or_default()]);
+        }
         Ok(Inbound::Message(Message {
             header,
             payload,
@@ -260,7 +312,7 @@ impl<'a> Session<'a> {
             if client_max >= 1 {
                 fds.push(fd);
             } else {
-                warn!("client accepts no fds; region fd not sent");
+                crate::log_limited!(warn, "client accepts no fds; region fd not sent");
             }
         }
         self.link
@@ -326,7 +378,8 @@ impl<'a> Session<'a> {
             }
             Err(refusal) => {
                 if header.no_reply() {
-                    warn!(
+                    crate::log_limited!(
+                        warn,
                         id = header.msg_id,
                         cmd = command_name(header.command),
                         errno = refusal.errno,
@@ -348,7 +401,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn dispatch(&mut self, command: u16, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
+    fn dispatch(&mut self, command: u16, payload: &[u8], fds: Vec<OwnedFd>) -> CommandOutcome {
         // Commands that take no fds close any they got (dropping the Vec).
         match command {
             cmd::VERSION => self.version(payload),
@@ -361,10 +414,7 @@ impl<'a> Session<'a> {
             cmd::REGION_READ => self.region_read(payload),
             cmd::REGION_WRITE => self.region_write(payload),
             cmd::REGION_WRITE_MULTI => self.region_write_multi(payload),
-            cmd::DEVICE_RESET => {
-                self.device.reset()?;
-                Ok(Reply::empty())
-            }
+            cmd::DEVICE_RESET => self.device_reset(),
             // Same answer as the kernel for a feature it does not know.
             cmd::DEVICE_FEATURE => Err(Refusal::new(libc::ENOTTY, "no device features")),
             cmd::DMA_READ | cmd::DMA_WRITE => Err(Refusal::inval(
@@ -381,7 +431,23 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn version(&mut self, payload: &[u8]) -> Handled {
+    /// DEVICE_RESET. DMA to client memory is fenced while the device
+    /// resets: device threads blocked in DMA (a message waiting for a reply
+    /// only this thread could route) fail at once, so the device can wait
+    /// for them (the [`Device::reset`] contract). The reply goes out once
+    /// the device has quiesced.
+    fn device_reset(&mut self) -> CommandOutcome {
+        let (fence, drained) = self.dma.fence();
+        if let Err(e) = &drained {
+            warn!("device reset: {e}");
+        }
+        let reset = self.device.reset();
+        drop(fence);
+        reset?;
+        Ok(Reply::empty())
+    }
+
+    fn version(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(major), Some(minor)) = (r.u16(), r.u16()) else {
             return Err(Refusal::inval("VERSION payload shorter than 4 bytes"));
@@ -396,8 +462,13 @@ impl<'a> Session<'a> {
             ));
         }
         let client = Capabilities::parse(r.rest()).map_err(|e| Refusal::inval(e.to_string()))?;
-        if client.max_data_xfer_size == 0 {
-            return Err(Refusal::inval("max_data_xfer_size 0"));
+        // Our DMA messages are cut to the client's size: below a page a
+        // DMA would become thousands of round trips per MiB.
+        if client.max_data_xfer_size < MIN_CLIENT_XFER {
+            return Err(Refusal::inval(format!(
+                "max_data_xfer_size {} is below {MIN_CLIENT_XFER}",
+                client.max_data_xfer_size
+            )));
         }
         let pgsizes = client.pgsizes & self.config.pgsizes;
         if pgsizes == 0 {
@@ -428,7 +499,8 @@ impl<'a> Session<'a> {
             "version negotiated"
         );
         self.negotiated = Some(Negotiated { client });
-        self.dma.attach(Arc::clone(&self.link));
+        self.dma
+            .attach(Arc::clone(&self.link) as Arc<dyn MessageDma>);
 
         let json = ours.to_version_data();
         let mut w = Writer::with_capacity(4 + json.len());

@@ -3,8 +3,15 @@
 use tracing::debug;
 use vfio_bindings::bindings::vfio::{VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE};
 
-use super::{Handled, Hex, Refusal, Reply, Session};
+use super::{CommandOutcome, Hex, Refusal, Reply, Session};
 use crate::protocol::{Reader, Writer};
+
+/// Which way a trapped region access goes; the region must allow it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
 
 /// One entry of REGION_WRITE_MULTI: offset, region, count, 8 data bytes.
 const WRITE_MULTI_ENTRY: usize = 24;
@@ -12,12 +19,12 @@ const WRITE_MULTI_DATA: usize = 8;
 
 impl Session<'_> {
     /// Checks a region access against the region's size and flags.
-    pub(super) fn check_access(
+    fn check_access(
         &self,
         index: u32,
         offset: u64,
         count: usize,
-        write: bool,
+        direction: Direction,
     ) -> Result<(), Refusal> {
         if count > self.config.max_data_xfer_size as usize {
             return Err(Refusal::new(
@@ -27,18 +34,14 @@ impl Session<'_> {
         }
         self.check_region_index(index)?;
         let info = self.device.region_info(index)?;
-        let needed = if write {
-            VFIO_REGION_INFO_FLAG_WRITE
-        } else {
-            VFIO_REGION_INFO_FLAG_READ
+        let (needed, allowed) = match direction {
+            Direction::Read => (VFIO_REGION_INFO_FLAG_READ, "readable"),
+            Direction::Write => (VFIO_REGION_INFO_FLAG_WRITE, "writable"),
         };
         if info.flags & needed == 0 {
             return Err(Refusal::new(
                 libc::EACCES,
-                format!(
-                    "region {index} is not {}",
-                    if write { "writable" } else { "readable" }
-                ),
+                format!("region {index} is not {allowed}"),
             ));
         }
         match offset.checked_add(count as u64) {
@@ -50,12 +53,12 @@ impl Session<'_> {
         }
     }
 
-    pub(super) fn region_read(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn region_read(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(offset), Some(index), Some(count)) = (r.u64(), r.u32(), r.u32()) else {
             return Err(Refusal::inval("REGION_READ payload shorter than 16 bytes"));
         };
-        self.check_access(index, offset, count as usize, false)?;
+        self.check_access(index, offset, count as usize, Direction::Read)?;
         let mut data = vec![0u8; count as usize];
         if count > 0 {
             self.device.region_read(index, offset, &mut data)?;
@@ -66,7 +69,7 @@ impl Session<'_> {
         Ok(Reply::with(w.finish()))
     }
 
-    pub(super) fn region_write(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn region_write(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let (Some(offset), Some(index), Some(count)) = (r.u64(), r.u32(), r.u32()) else {
             return Err(Refusal::inval("REGION_WRITE payload shorter than 16 bytes"));
@@ -78,7 +81,7 @@ impl Session<'_> {
                 data.len()
             )));
         }
-        self.check_access(index, offset, data.len(), true)?;
+        self.check_access(index, offset, data.len(), Direction::Write)?;
         debug!(region = index, offset, len = count, data = ?Hex(data), "REGION_WRITE");
         if count > 0 {
             self.device.region_write(index, offset, data)?;
@@ -88,7 +91,7 @@ impl Session<'_> {
         Ok(Reply::with(w.finish()))
     }
 
-    pub(super) fn region_write_multi(&mut self, payload: &[u8]) -> Handled {
+    pub(super) fn region_write_multi(&mut self, payload: &[u8]) -> CommandOutcome {
         let mut r = Reader::new(payload);
         let wr_cnt = r
             .u64()
@@ -117,7 +120,7 @@ impl Session<'_> {
                 .ok_or_else(|| {
                     Refusal::inval(format!("REGION_WRITE_MULTI entry count {count} not 1..=8"))
                 })?;
-            self.check_access(index, offset, data.len(), true)?;
+            self.check_access(index, offset, data.len(), Direction::Write)?;
             writes.push((index, offset, data));
         }
         for (index, offset, data) in writes {

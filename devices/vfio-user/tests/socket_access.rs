@@ -1,0 +1,225 @@
+//! Who may connect: the socket file is created with exactly the configured
+//! mode (0600 by default) whatever the umask, and a peer of another uid is
+//! refused (SO_PEERCRED) unless allowed. The other uid is a forked child
+//! that drops to `nobody`; these tests need root for that and say so
+//! otherwise.
+
+mod common;
+
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::*;
+use p2plab_vfio_user::{DmaSpace, Server, ServerConfig, ShutdownHandle};
+
+/// The umask is per process: tests that set it run one at a time.
+static UMASK: Mutex<()> = Mutex::new(());
+
+const NOBODY: u32 = 65534;
+
+fn dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("p2plab-sock-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Reachable by any uid, so only the socket's own mode decides.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn start(config: ServerConfig) -> (ShutdownHandle, JoinHandle<()>) {
+    let server = Server::new(config, DmaSpace::new()).unwrap();
+    let stop = server.shutdown_handle();
+    // Bound before this returns: the mode is set by then.
+    let listener = server.bind().unwrap();
+    let thread = std::thread::spawn(move || {
+        let mut device = TestDevice::new(server.dma().clone());
+        server.serve(listener, &mut device).unwrap();
+    });
+    (stop, thread)
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Catches a socket created with the umask's leftovers (0777 under umask
+/// 000: anyone could connect and drive the device).
+#[test]
+fn the_socket_gets_exactly_its_mode_whatever_the_umask() {
+    let _umask = UMASK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = dir("mode");
+    // SAFETY: umask only changes this process's file creation mask.
+    let old = unsafe { libc::umask(0) };
+    let path = dir.join("open.sock");
+    let (stop, thread) = start(ServerConfig::new(&path));
+    let default_mode = mode_of(&path);
+    stop.shutdown();
+    thread.join().unwrap();
+
+    // Widened on purpose, under a strict umask: exactly what was asked.
+    // SAFETY: as above.
+    unsafe { libc::umask(0o077) };
+    let mut config = ServerConfig::new(dir.join("group.sock"));
+    config.socket_mode = 0o660;
+    let (stop, thread) = start(config);
+    let widened = mode_of(&dir.join("group.sock"));
+    stop.shutdown();
+    thread.join().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    assert_eq!(default_mode, 0o600, "socket mode {default_mode:o}");
+    assert_eq!(widened, 0o660, "socket mode {widened:o}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What the forked client saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Its VERSION got a reply: it was served.
+    Served,
+    /// Connected, then closed without a reply: refused by the server.
+    Closed,
+    /// connect() failed with EACCES: the file mode kept it out.
+    NoAccess,
+    /// Something else went wrong (exit status).
+    Other(i32),
+}
+
+/// Forks a child that becomes `uid`, connects to `path` and sends a
+/// VERSION. Only async-signal-safe calls run in the child.
+fn connect_as(uid: u32, path: &Path) -> Outcome {
+    // Everything the child needs is built before the fork.
+    // SAFETY: `sockaddr_un` is plain data, for which all-zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    let mut json = br#"{"capabilities":{"max_msg_fds":16}}"#.to_vec();
+    json.push(0);
+    let payload = Buf::default().u16(0).u16(0).bytes(&json).0;
+    let mut msg = Hdr {
+        id: 1,
+        cmd: cmd::VERSION,
+        size: (HDR + payload.len()) as u32,
+        flags: 0,
+        error: 0,
+    }
+    .encode()
+    .to_vec();
+    msg.extend_from_slice(&payload);
+    let timeout = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+
+    // SAFETY: fork; the child below only makes async-signal-safe calls
+    // on data prepared above, and always ends in _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain syscalls on local data, then _exit; no allocation,
+        // no locks (the child of a threaded process may only do this).
+        unsafe {
+            if libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
+                libc::_exit(10);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            if fd < 0 {
+                libc::_exit(11);
+            }
+            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            if libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
+                let errno = *libc::__errno_location();
+                libc::_exit(if errno == libc::EACCES { 2 } else { 12 });
+            }
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            // A refused client may see EPIPE here; either way, no reply.
+            libc::send(fd, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL);
+            let mut reply = [0u8; 16];
+            let n = libc::recv(fd, reply.as_mut_ptr().cast(), reply.len(), 0);
+            libc::_exit(if n == 16 {
+                0
+            } else if n == 0 || (n < 0 && *libc::__errno_location() == libc::ECONNRESET) {
+                1
+            } else {
+                13
+            });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+    match libc::WEXITSTATUS(status) {
+        0 => Outcome::Served,
+        1 => Outcome::Closed,
+        2 => Outcome::NoAccess,
+        other => Outcome::Other(other),
+    }
+}
+
+fn am_root() -> bool {
+    // SAFETY: geteuid has no side effects.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Catches a server that serves any uid that can reach its socket
+/// (another user drove BAR0 of the lab's NVMe), or that stops serving
+/// after refusing one.
+#[test]
+fn clients_of_another_uid_are_refused_unless_allowed() {
+    if !am_root() {
+        eprintln!("skipped: needs root to connect as another uid");
+        return;
+    }
+    let _umask = UMASK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = dir("peer");
+
+    // The default mode already keeps other uids out of the file.
+    let path = dir.join("default.sock");
+    let (stop, thread) = start(ServerConfig::new(&path));
+    assert_eq!(connect_as(NOBODY, &path), Outcome::NoAccess);
+    stop.shutdown();
+    thread.join().unwrap();
+
+    // A world-writable socket: SO_PEERCRED still refuses them.
+    let path = dir.join("open.sock");
+    let mut config = ServerConfig::new(&path);
+    config.socket_mode = 0o666;
+    let (stop, thread) = start(config);
+    assert_eq!(connect_as(NOBODY, &path), Outcome::Closed);
+    assert_eq!(connect_as(NOBODY, &path), Outcome::Closed);
+    // Our own uid is still served after the refusals.
+    // SAFETY: geteuid has no side effects.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(connect_as(me, &path), Outcome::Served);
+    stop.shutdown();
+    thread.join().unwrap();
+
+    // --allow-uid lets that uid in.
+    let path = dir.join("allowed.sock");
+    let mut config = ServerConfig::new(&path);
+    config.socket_mode = 0o666;
+    config.allowed_uids = vec![NOBODY];
+    let (stop, thread) = start(config);
+    assert_eq!(connect_as(NOBODY, &path), Outcome::Served);
+    stop.shutdown();
+    thread.join().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    let _ = std::fs::remove_dir_all(dir);
+}
