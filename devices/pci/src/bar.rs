@@ -14,6 +14,7 @@ pub enum BarKind {
 }
 
 impl BarKind {
+    /// Whether the BAR decodes memory (32- or 64-bit), not I/O ports.
     pub fn is_memory(self) -> bool {
         !matches!(self, BarKind::Io)
     }
@@ -22,9 +23,12 @@ impl BarKind {
 /// A BAR the device implements, as given to the config space builder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BarSpec {
+    /// Memory (32/64-bit) or I/O.
     pub kind: BarKind,
     /// Size in bytes; a power of two.
     pub size: u64,
+    /// Reads have no side effects, so the host may prefetch and merge them
+    /// (and place the BAR above 4 GiB behind a bridge's prefetchable window).
     pub prefetchable: bool,
 }
 

@@ -64,6 +64,7 @@ impl LinkSpeed {
 /// The PCI Express capability of an endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PcieCapSpec {
+    /// Top link speed, reported as both supported and negotiated.
     pub link_speed: LinkSpeed,
     /// Lanes: 1, 2, 4, 8, 12, 16 or 32.
     pub link_width: u8,
@@ -106,9 +107,12 @@ impl PcieCapSpec {
 /// follows the header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtCapability {
+    /// Extended capability id (PCI-SIG assigned, or 0x000b for a
+    /// vendor-specific one).
     pub id: u16,
     /// Capability version, 4 bits.
     pub version: u8,
+    /// The bytes after the 4-byte header, as the guest first reads them.
     pub body: Vec<u8>,
     /// Per-byte mask of bits the guest may write; missing bytes are
     /// read-only.

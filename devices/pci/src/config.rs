@@ -12,6 +12,7 @@ use tracing::debug;
 
 use crate::bar::{BarKind, BarSpec};
 use crate::caps::{ExtCapability, MsixCapSpec, PcieCapSpec};
+use crate::msix::MsixControl;
 use crate::regs::{self, cap_id, command, ext_cap_id, pcie, pm, rebar, status};
 
 const SIZE: usize = regs::CONFIG_SPACE_SIZE;
@@ -21,15 +22,19 @@ const SIZE: usize = regs::CONFIG_SPACE_SIZE;
 pub struct Command(pub u16);
 
 impl Command {
+    /// I/O Space Enable: I/O BARs decode.
     pub fn io_enabled(self) -> bool {
         self.0 & command::IO_SPACE != 0
     }
+    /// Memory Space Enable: memory BARs decode.
     pub fn memory_enabled(self) -> bool {
         self.0 & command::MEMORY_SPACE != 0
     }
+    /// Bus Master Enable: the function may DMA.
     pub fn bus_master(self) -> bool {
         self.0 & command::BUS_MASTER != 0
     }
+    /// Interrupt Disable: INTx must not be asserted.
     pub fn intx_disabled(self) -> bool {
         self.0 & command::INTX_DISABLE != 0
     }
@@ -38,9 +43,13 @@ impl Command {
 /// Device power state from the Power Management capability (PMCSR).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerState {
+    /// Fully on.
     D0,
+    /// Light sleep; not supported here (a write of D1 is discarded).
     D1,
+    /// Deeper sleep; not supported here (a write of D2 is discarded).
     D2,
+    /// Off but still powered: only config space answers.
     D3Hot,
 }
 
@@ -59,39 +68,64 @@ impl PowerState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigChange {
     /// COMMAND changed (memory/IO decode, bus mastering, INTx disable...).
-    CommandChanged { old: Command, new: Command },
+    CommandChanged {
+        /// Before the write.
+        old: Command,
+        /// After it.
+        new: Command,
+    },
     /// Where a BAR decodes changed: `Some(address)` while the BAR is
     /// programmed with a usable address and its decode is on (COMMAND.MEM
     /// or COMMAND.IO), `None` otherwise. A COMMAND write that toggles decode
     /// produces one of these per affected BAR, after `CommandChanged`.
     BarMoved {
+        /// The BAR (0..=5; a 64-bit BAR by its lower index).
         index: u8,
+        /// Where it decoded before.
         old: Option<u64>,
+        /// Where it decodes now.
         new: Option<u64>,
     },
     /// The guest wrote a new size through the Resizable BAR capability.
     BarResized {
+        /// The BAR.
         index: u8,
+        /// Its size before, in bytes.
         old_size: u64,
+        /// Its size now, in bytes.
         new_size: u64,
     },
-    /// MSI-X Message Control changed.
-    MsixControlChanged {
-        enabled: bool,
-        function_masked: bool,
-    },
+    /// MSI-X Message Control changed; this is its new value.
+    MsixControlChanged(MsixControl),
     /// PMCSR PowerState changed (only D0 and D3hot are accepted).
-    PowerStateChanged { old: PowerState, new: PowerState },
+    PowerStateChanged {
+        /// Before the write.
+        old: PowerState,
+        /// After it.
+        new: PowerState,
+    },
     /// A write touched a device-defined extended capability added with
     /// [`ConfigSpaceBuilder::ext_capability`] that has writable bits.
-    ExtCapabilityWritten { id: u16, offset: u16 },
+    ExtCapabilityWritten {
+        /// The capability's id.
+        id: u16,
+        /// Where its header is in config space; read the new value there.
+        offset: u16,
+    },
 }
 
 /// A config access the guest (or client) got wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// The access does not fit in the 4096 bytes.
     #[error("config access at {offset:#x} of {len} bytes is outside the 4096-byte config space")]
-    OutOfRange { offset: u64, len: usize },
+    OutOfRange {
+        /// Offset of the access.
+        offset: u64,
+        /// Its size in bytes.
+        len: usize,
+    },
+    /// An access of no bytes.
     #[error("zero-length config access")]
     Empty,
 }
@@ -99,7 +133,10 @@ pub enum ConfigError {
 /// A device description the builder cannot turn into a valid config space.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid PCI function description: {0}")]
-pub struct BuildError(pub String);
+pub struct BuildError(
+    /// What is wrong, naming the BAR or capability.
+    pub String,
+);
 
 fn build_err<T>(msg: impl Into<String>) -> Result<T, BuildError> {
     Err(BuildError(msg.into()))
@@ -108,9 +145,11 @@ fn build_err<T>(msg: impl Into<String>) -> Result<T, BuildError> {
 /// A BAR as the function implements it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BarInfo {
+    /// Memory (32/64-bit) or I/O.
     pub kind: BarKind,
     /// Current size (Resizable BAR may change it).
     pub size: u64,
+    /// Whether the BAR is marked prefetchable.
     pub prefetchable: bool,
 }
 
@@ -123,23 +162,40 @@ struct RebarEntry {
     ctrl_offset: usize,
 }
 
+/// Where the builder put a standard capability.
+#[derive(Debug, Clone, Copy)]
+struct PlacedCap {
+    id: u8,
+    offset: usize,
+}
+
+/// Where the builder put an extended capability.
+#[derive(Debug, Clone, Copy)]
+struct PlacedExtCap {
+    id: u16,
+    offset: usize,
+    len: usize,
+    /// The guest can change some of its bits (write or write-1-to-clear).
+    writable: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Layout {
     pm: Option<usize>,
     msix: Option<(usize, MsixCapSpec)>,
     pcie: Option<usize>,
     rebar: Option<(usize, Vec<RebarEntry>)>,
-    /// Every standard capability: id, offset, length.
-    caps: Vec<(u8, usize, usize)>,
-    /// Every extended capability: id, offset, length, has writable bits.
-    ext_caps: Vec<(u16, usize, usize, bool)>,
+    /// Every standard capability.
+    caps: Vec<PlacedCap>,
+    /// Every extended capability.
+    ext_caps: Vec<PlacedExtCap>,
 }
 
 /// Values compared before and after a write to describe what changed.
 struct Snapshot {
     command: Command,
     decoded: [Option<u64>; regs::NUM_BARS],
-    msix_control: Option<(bool, bool)>,
+    msix_control: Option<MsixControl>,
     pmcsr: Option<u16>,
     rebar_ctrl: Vec<u32>,
 }
@@ -234,6 +290,7 @@ impl ConfigSpace {
         put16(&mut self.bytes, regs::STATUS, value);
     }
 
+    /// The STATUS register.
     pub fn status(&self) -> u16 {
         get16(&self.bytes, regs::STATUS)
     }
@@ -265,26 +322,31 @@ impl ConfigSpace {
         Some(u32::from_le_bytes(buf))
     }
 
+    /// Reads a little-endian u16; `None` beyond the end.
     pub fn read_u16(&self, offset: u64) -> Option<u16> {
         let mut buf = [0u8; 2];
         self.read(offset, &mut buf).ok()?;
         Some(u16::from_le_bytes(buf))
     }
 
+    /// Reads one byte; `None` beyond the end.
     pub fn read_u8(&self, offset: u64) -> Option<u8> {
         let mut buf = [0u8; 1];
         self.read(offset, &mut buf).ok()?;
         Some(buf[0])
     }
 
+    /// The COMMAND register.
     pub fn command(&self) -> Command {
         Command(get16(&self.bytes, regs::COMMAND))
     }
 
+    /// Vendor ID.
     pub fn vendor_id(&self) -> u16 {
         get16(&self.bytes, regs::VENDOR_ID)
     }
 
+    /// Device ID.
     pub fn device_id(&self) -> u16 {
         get16(&self.bytes, regs::DEVICE_ID)
     }
@@ -294,10 +356,12 @@ impl ConfigSpace {
         self.bytes[regs::INTERRUPT_PIN]
     }
 
+    /// Whether the guest allows the function to DMA (COMMAND.BME).
     pub fn bus_master_enabled(&self) -> bool {
         self.command().bus_master()
     }
 
+    /// Whether memory BARs decode (COMMAND.MEM).
     pub fn memory_decode_enabled(&self) -> bool {
         self.command().memory_enabled()
     }
@@ -308,6 +372,7 @@ impl ConfigSpace {
         *self.bars.get(index)?
     }
 
+    /// Current size of BAR `index`, if the function implements it.
     pub fn bar_size(&self, index: usize) -> Option<u64> {
         Some(self.bar(index)?.size)
     }
@@ -369,16 +434,16 @@ impl ConfigSpace {
         self.layout.msix.map(|(_, spec)| spec)
     }
 
-    /// (enabled, function masked) from MSI-X Message Control.
-    pub fn msix_control(&self) -> Option<(bool, bool)> {
+    /// MSI-X Message Control, if the function has MSI-X.
+    pub fn msix_control(&self) -> Option<MsixControl> {
         let (at, _) = self.layout.msix?;
-        let control = get16(&self.bytes, at + regs::msix::CONTROL);
-        Some((
-            control & regs::msix::CONTROL_ENABLE != 0,
-            control & regs::msix::CONTROL_FUNCTION_MASK != 0,
-        ))
+        Some(MsixControl::from_register(get16(
+            &self.bytes,
+            at + regs::msix::CONTROL,
+        )))
     }
 
+    /// The PMCSR power state (D0 without a Power Management capability).
     pub fn power_state(&self) -> PowerState {
         match self.layout.pm {
             Some(at) => PowerState::from_bits(get16(&self.bytes, at + pm::PMCSR)),
@@ -391,8 +456,8 @@ impl ConfigSpace {
         self.layout
             .caps
             .iter()
-            .find(|(cap, _, _)| *cap == id)
-            .map(|&(_, at, _)| at)
+            .find(|cap| cap.id == id)
+            .map(|cap| cap.offset)
     }
 
     /// Offset of the extended capability `id`.
@@ -400,8 +465,8 @@ impl ConfigSpace {
         self.layout
             .ext_caps
             .iter()
-            .find(|(cap, _, _, _)| *cap == id)
-            .map(|&(_, at, _, _)| at)
+            .find(|cap| cap.id == id)
+            .map(|cap| cap.offset)
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -536,14 +601,14 @@ impl ConfigSpace {
                 });
             }
         }
-        let msix_control = self.msix_control();
-        if let (Some(old), Some((enabled, function_masked))) = (before.msix_control, msix_control) {
-            if old != (enabled, function_masked) {
-                debug!(enabled, function_masked, "MSI-X control changed");
-                changes.push(ConfigChange::MsixControlChanged {
-                    enabled,
-                    function_masked,
-                });
+        if let (Some(old), Some(new)) = (before.msix_control, self.msix_control()) {
+            if old != new {
+                debug!(
+                    enabled = new.enabled,
+                    function_masked = new.function_masked,
+                    "MSI-X control changed"
+                );
+                changes.push(ConfigChange::MsixControlChanged(new));
             }
         }
         if let (Some(at), Some(old)) = (self.layout.pm, before.pmcsr) {
@@ -554,12 +619,12 @@ impl ConfigSpace {
                 changes.push(ConfigChange::PowerStateChanged { old, new });
             }
         }
-        for &(id, at, len, writable) in &self.layout.ext_caps {
-            let custom = id != ext_cap_id::RESIZABLE_BAR;
-            if custom && writable && overlaps(range, at, len) {
+        for cap in &self.layout.ext_caps {
+            let custom = cap.id != ext_cap_id::RESIZABLE_BAR;
+            if custom && cap.writable && overlaps(range, cap.offset, cap.len) {
                 changes.push(ConfigChange::ExtCapabilityWritten {
-                    id,
-                    offset: at as u16,
+                    id: cap.id,
+                    offset: cap.offset as u16,
                 });
             }
         }
@@ -640,9 +705,9 @@ impl ConfigSpace {
                 };
             }
         }
-        for &(id, at, len, _) in &self.layout.ext_caps {
-            if (at..at + len).contains(&offset) {
-                return match id {
+        for cap in &self.layout.ext_caps {
+            if (cap.offset..cap.offset + cap.len).contains(&offset) {
+                return match cap.id {
                     ext_cap_id::RESIZABLE_BAR => "EXT.RESIZABLE_BAR",
                     ext_cap_id::DEVICE_SERIAL_NUMBER => "EXT.DEVICE_SERIAL_NUMBER",
                     _ => "EXT.DEVICE_DEFINED",
@@ -714,6 +779,7 @@ impl ConfigSpaceBuilder {
         }
     }
 
+    /// Subsystem Vendor ID and Subsystem ID.
     pub fn subsystem(mut self, vendor_id: u16, id: u16) -> Self {
         self.subsystem_vendor_id = vendor_id;
         self.subsystem_id = id;
@@ -727,6 +793,7 @@ impl ConfigSpaceBuilder {
         self
     }
 
+    /// Revision ID (default 0).
     pub fn revision(mut self, revision: u8) -> Self {
         self.revision = revision;
         self
@@ -784,6 +851,8 @@ impl ConfigSpaceBuilder {
         self.ext_capability(ExtCapability::device_serial_number(serial))
     }
 
+    /// Lays out BARs and capabilities and checks the description; the
+    /// error names the first BAR or capability that cannot be built.
     pub fn build(self) -> Result<ConfigSpace, BuildError> {
         if let Some(first) = self.errors.first() {
             return build_err(first.clone());
@@ -894,7 +963,12 @@ impl ConfigSpaceBuilder {
                 *dst = m;
             }
             let writable = cap.write_mask.iter().chain(&cap.w1c_mask).any(|&m| m != 0);
-            ext.added.push((cap.id, at, cap.len(), writable));
+            ext.added.push(PlacedExtCap {
+                id: cap.id,
+                offset: at,
+                len: cap.len(),
+                writable,
+            });
         }
         layout.ext_caps = ext.added;
 
@@ -1111,7 +1185,12 @@ impl ConfigSpaceBuilder {
                 ctrl_offset: entry_at + rebar::CTRL,
             });
         }
-        ext.added.push((ext_cap_id::RESIZABLE_BAR, at, len, true));
+        ext.added.push(PlacedExtCap {
+            id: ext_cap_id::RESIZABLE_BAR,
+            offset: at,
+            len,
+            writable: true,
+        });
         Ok((at, entries))
     }
 }
@@ -1121,7 +1200,7 @@ struct CapChain {
     next_free: usize,
     /// Where the pointer to the next capability goes.
     link_at: usize,
-    added: Vec<(u8, usize, usize)>,
+    added: Vec<PlacedCap>,
 }
 
 impl CapChain {
@@ -1147,7 +1226,7 @@ impl CapChain {
         bytes[self.link_at] = at as u8;
         self.link_at = at + 1;
         self.next_free = at + len;
-        self.added.push((id, at, len));
+        self.added.push(PlacedCap { id, offset: at });
         Ok(at)
     }
 }
@@ -1157,7 +1236,7 @@ struct ExtCapChain {
     next_free: usize,
     /// Offset of the previous header, whose next pointer the next one sets.
     previous: Option<usize>,
-    added: Vec<(u16, usize, usize, bool)>,
+    added: Vec<PlacedExtCap>,
 }
 
 impl ExtCapChain {

@@ -49,6 +49,12 @@ pub trait PciModel: Send {
     /// COMMAND is 0 (no decode, no bus mastering), BARs are unprogrammed,
     /// MSI-X is off and every eventfd is dropped. No `ConfigChange` is sent
     /// for that; the model drops whatever it derived from them.
+    ///
+    /// Must return only once the model's DMA is quiesced: every access its
+    /// threads started has finished or failed, and none starts again until
+    /// the guest sets Bus Master Enable and restarts the device. DMA is
+    /// fenced by the transport meanwhile, so waiting for workers blocked in
+    /// DMA cannot deadlock (see [`p2plab_vfio_user::Device::reset`]).
     fn reset(&mut self);
     /// The guest changed something in config space.
     fn config_changed(&mut self, _change: &ConfigChange) {}
@@ -79,8 +85,11 @@ fn access_error(error: MsixAccessError) -> DeviceError {
 
 /// Where a BAR access lands.
 enum BarTarget {
+    /// In the MSI-X table, at this offset inside it.
     MsixTable(u64),
+    /// In the MSI-X Pending Bit Array, at this offset inside it.
     MsixPba(u64),
+    /// Anywhere else: the model serves it.
     Model,
 }
 
@@ -112,18 +121,22 @@ impl<M: PciModel> PciFunction<M> {
         Ok(Self { config, irq, model })
     }
 
+    /// The function's config space.
     pub fn config(&self) -> &ConfigSpace {
         &self.config
     }
 
+    /// The function's interrupts (the model holds a clone to notify).
     pub fn irq(&self) -> &Arc<InterruptController> {
         &self.irq
     }
 
+    /// The device model.
     pub fn model(&self) -> &M {
         &self.model
     }
 
+    /// The device model, to set it up after the function is built.
     pub fn model_mut(&mut self) -> &mut M {
         &mut self.model
     }
@@ -153,30 +166,38 @@ impl<M: PciModel> PciFunction<M> {
             return Ok(BarTarget::Model);
         };
         let access = offset..offset + len;
-        let hit = |bir: u8, start: u32, size: u64| -> Option<Range<u64>> {
-            (bir == bar).then(|| u64::from(start)..u64::from(start) + size)
-        };
-        for (range, is_table) in [
-            (
-                hit(msix.table_bar, msix.table_offset, msix.table_len()),
-                true,
-            ),
-            (hit(msix.pba_bar, msix.pba_offset, msix.pba_len()), false),
-        ] {
-            let Some(range) = range else {
-                continue;
-            };
+        // Where the access lands in one structure (`at` bytes into BAR
+        // `bir`), or an error if it hangs over the structure's edge.
+        let locate = |bir: u8, at: u32, size: u64, target: fn(u64) -> BarTarget| {
+            if bir != bar {
+                return Ok(None);
+            }
+            let range = u64::from(at)..u64::from(at) + size;
             if access.start >= range.start && access.end <= range.end {
-                let inner = access.start - range.start;
-                return Ok(if is_table {
-                    BarTarget::MsixTable(inner)
-                } else {
-                    BarTarget::MsixPba(inner)
-                });
+                return Ok(Some(target(access.start - range.start)));
             }
             if access.start < range.end && range.start < access.end {
                 return Err(DeviceError::invalid("access straddles the MSI-X structure"));
             }
+            Ok(None)
+        };
+        let table = locate(
+            msix.table_bar,
+            msix.table_offset,
+            msix.table_len(),
+            BarTarget::MsixTable,
+        )?;
+        if let Some(target) = table {
+            return Ok(target);
+        }
+        let pba = locate(
+            msix.pba_bar,
+            msix.pba_offset,
+            msix.pba_len(),
+            BarTarget::MsixPba,
+        )?;
+        if let Some(target) = pba {
+            return Ok(target);
         }
         Ok(BarTarget::Model)
     }
@@ -241,10 +262,7 @@ impl<M: PciModel> PciFunction<M> {
                         self.irq.set_intx_disabled(new.intx_disabled());
                     }
                 }
-                ConfigChange::MsixControlChanged {
-                    enabled,
-                    function_masked,
-                } => self.irq.set_msix_control(*enabled, *function_masked),
+                ConfigChange::MsixControlChanged(control) => self.irq.set_msix_control(*control),
                 _ => {}
             }
             self.model.config_changed(change);

@@ -4,11 +4,19 @@
 //!
 //! Delivery means writing the eventfd the client bound to the vector; QEMU
 //! turns that into an MSI-X message (or an INTx assertion) for the guest.
+//!
+//! Every bound eventfd is made non-blocking, and a write that would block
+//! (the client filled the counter to its maximum) drops the signal and
+//! counts it ([`InterruptController::dropped_signals`]): no thread ever
+//! blocks on a client's fd, least of all under the interrupt lock.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use p2plab_vfio_user::{DeviceError, IrqAction, IrqData, IrqInfo, IrqSet};
-use tracing::{debug, trace, warn};
+use p2plab_vfio_user::fdkind::set_nonblocking;
+use p2plab_vfio_user::{log_limited, DeviceError, IrqAction, IrqData, IrqInfo, IrqSet};
+use tracing::{debug, trace};
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE,
     VFIO_PCI_ERR_IRQ_INDEX, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
@@ -16,7 +24,9 @@ use vfio_bindings::bindings::vfio::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::msix::{FireOutcome, MsixAccessError, MsixState};
+use crate::msix::{
+    ClientMask, FireOutcome, MsixAccessError, MsixControl, MsixState, VectorBinding,
+};
 
 /// What became of a notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,17 +65,39 @@ pub struct InterruptController {
     /// INTx pin from config space (0 = none).
     intx_pin: u8,
     inner: Mutex<Inner>,
+    /// Signals lost because an eventfd write failed (a full counter).
+    dropped: AtomicU64,
 }
 
-fn signal(eventfd: &EventFd, what: &str, vector: u16) -> Delivery {
-    match eventfd.write(1) {
-        Ok(()) => {
-            trace!(what, vector, "interrupt signalled");
-            Delivery::Signalled
-        }
-        Err(error) => {
-            warn!(what, vector, %error, "writing the interrupt eventfd failed");
-            Delivery::Dropped
+/// Makes a bound eventfd non-blocking; the transport already does this for
+/// fds from the socket, this covers every other caller of `set_irqs`.
+fn make_nonblocking(eventfd: &EventFd) {
+    // SAFETY: `eventfd` owns the fd and outlives the borrow.
+    let fd = unsafe { BorrowedFd::borrow_raw(eventfd.as_raw_fd()) };
+    if let Err(error) = set_nonblocking(fd) {
+        log_limited!(warn, %error, "cannot make an interrupt eventfd non-blocking");
+    }
+}
+
+impl InterruptController {
+    /// Writes one signal to `eventfd` without ever blocking.
+    fn signal(&self, eventfd: &EventFd, what: &str, vector: u16) -> Delivery {
+        match eventfd.write(1) {
+            Ok(()) => {
+                trace!(what, vector, "interrupt signalled");
+                Delivery::Signalled
+            }
+            Err(error) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                log_limited!(
+                    warn,
+                    what,
+                    vector,
+                    %error,
+                    "interrupt dropped: writing its eventfd failed (a full counter?)"
+                );
+                Delivery::Dropped
+            }
         }
     }
 }
@@ -86,7 +118,14 @@ impl InterruptController {
                 msix_fds: (0..vectors).map(|_| None).collect(),
                 intx: IntxLine::default(),
             }),
+            dropped: AtomicU64::new(0),
         })
+    }
+
+    /// Signals dropped because their eventfd could not take them (the
+    /// client let its counter fill up, or closed something odd).
+    pub fn dropped_signals(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// The controller matching a config space's MSI-X capability and pin.
@@ -138,7 +177,7 @@ impl InterruptController {
             if msix.enabled() {
                 return match msix.fire(vector) {
                     FireOutcome::Deliver => match inner.msix_fds.get(usize::from(vector)) {
-                        Some(Some(eventfd)) => signal(eventfd, "msix", vector),
+                        Some(Some(eventfd)) => self.signal(eventfd, "msix", vector),
                         _ => Delivery::Dropped,
                     },
                     FireOutcome::Pending => {
@@ -149,10 +188,11 @@ impl InterruptController {
                 };
             }
         }
-        Self::assert_intx(self.intx_pin, &mut inner.intx)
+        self.assert_intx(&mut inner.intx)
     }
 
-    fn assert_intx(pin: u8, intx: &mut IntxLine) -> Delivery {
+    fn assert_intx(&self, intx: &mut IntxLine) -> Delivery {
+        let pin = self.intx_pin;
         if pin == 0 || intx.disabled_by_command {
             return Delivery::Dropped;
         }
@@ -164,32 +204,32 @@ impl InterruptController {
             return Delivery::Pending;
         }
         intx.masked = true;
-        signal(eventfd, "intx", 0)
+        self.signal(eventfd, "intx", 0)
     }
 
-    fn deliver_msix(inner: &Inner, vectors: &[u16]) {
+    fn deliver_msix(&self, inner: &Inner, vectors: &[u16]) {
         for &vector in vectors {
             if let Some(Some(eventfd)) = inner.msix_fds.get(usize::from(vector)) {
                 debug!(vector, "delivering pending MSI-X vector");
-                signal(eventfd, "msix", vector);
+                self.signal(eventfd, "msix", vector);
             }
         }
     }
 
-    fn unmask_intx(pin: u8, intx: &mut IntxLine) {
+    fn unmask_intx(&self, intx: &mut IntxLine) {
         intx.masked = false;
         if intx.pending {
             intx.pending = false;
-            Self::assert_intx(pin, intx);
+            self.assert_intx(intx);
         }
     }
 
     /// MSI-X Message Control changed in config space.
-    pub fn set_msix_control(&self, enabled: bool, function_masked: bool) {
+    pub fn set_msix_control(&self, control: MsixControl) {
         let mut inner = self.lock();
         if let Some(msix) = inner.msix.as_mut() {
-            let ready = msix.set_control(enabled, function_masked);
-            Self::deliver_msix(&inner, &ready);
+            let ready = msix.set_control(control);
+            self.deliver_msix(&inner, &ready);
         }
     }
 
@@ -207,10 +247,11 @@ impl InterruptController {
         let mut inner = self.lock();
         if let Some(msix) = inner.msix.as_mut() {
             let ready = msix.set_table_masks_delivery(on);
-            Self::deliver_msix(&inner, &ready);
+            self.deliver_msix(&inner, &ready);
         }
     }
 
+    /// A BAR read that hit the MSI-X table (see [`MsixState::table_read`]).
     pub fn msix_table_read(&self, offset: u64, data: &mut [u8]) -> Result<(), MsixAccessError> {
         match self.lock().msix.as_ref() {
             Some(msix) => msix.table_read(offset, data),
@@ -221,6 +262,7 @@ impl InterruptController {
         }
     }
 
+    /// A BAR write that hit the MSI-X table; delivers vectors it unmasks.
     pub fn msix_table_write(&self, offset: u64, data: &[u8]) -> Result<(), MsixAccessError> {
         let mut inner = self.lock();
         let Some(msix) = inner.msix.as_mut() else {
@@ -230,10 +272,11 @@ impl InterruptController {
             });
         };
         let ready = msix.table_write(offset, data)?;
-        Self::deliver_msix(&inner, &ready);
+        self.deliver_msix(&inner, &ready);
         Ok(())
     }
 
+    /// A BAR read that hit the PBA.
     pub fn msix_pba_read(&self, offset: u64, data: &mut [u8]) -> Result<(), MsixAccessError> {
         match self.lock().msix.as_ref() {
             Some(msix) => msix.pba_read(offset, data),
@@ -244,6 +287,7 @@ impl InterruptController {
         }
     }
 
+    /// A BAR write that hit the PBA (read-only: checked, then ignored).
     pub fn msix_pba_write(&self, offset: u64, data: &[u8]) -> Result<(), MsixAccessError> {
         match self.lock().msix.as_mut() {
             Some(msix) => msix.pba_write(offset, data),
@@ -366,7 +410,7 @@ impl InterruptController {
         if request.count == 0 && request.action == IrqAction::Trigger {
             if matches!(request.data, IrqData::None | IrqData::EventFds(_)) {
                 for vector in 0..msix.vectors() {
-                    msix.set_bound(vector, false);
+                    msix.set_binding(vector, VectorBinding::Unbound);
                 }
                 inner.msix_fds.iter_mut().for_each(|fd| *fd = None);
                 debug!("MSI-X: all eventfds released");
@@ -381,12 +425,19 @@ impl InterruptController {
                     let Ok(vector) = u16::try_from(vector) else {
                         continue;
                     };
-                    let bound = eventfd.is_some();
+                    if let Some(eventfd) = &eventfd {
+                        make_nonblocking(eventfd);
+                    }
+                    let binding = if eventfd.is_some() {
+                        VectorBinding::Bound
+                    } else {
+                        VectorBinding::Unbound
+                    };
                     if let Some(slot) = inner.msix_fds.get_mut(usize::from(vector)) {
                         *slot = eventfd;
                     }
-                    debug!(vector, bound, "MSI-X eventfd");
-                    ready.extend(msix.set_bound(vector, bound));
+                    debug!(vector, ?binding, "MSI-X eventfd");
+                    ready.extend(msix.set_binding(vector, binding));
                 }
             }
             (IrqAction::Trigger, data) => {
@@ -401,14 +452,18 @@ impl InterruptController {
                 return Err(invalid("MSI-X mask/unmask takes DATA_NONE or DATA_BOOL"));
             }
             (action, data) => {
-                let masked = action == IrqAction::Mask;
+                let mask = if action == IrqAction::Mask {
+                    ClientMask::Masked
+                } else {
+                    ClientMask::Unmasked
+                };
                 for vector in Self::selected(range, &data) {
-                    debug!(vector, masked, "MSI-X client mask");
-                    ready.extend(msix.set_client_masked(vector, masked));
+                    debug!(vector, ?mask, "MSI-X client mask");
+                    ready.extend(msix.set_client_mask(vector, mask));
                 }
             }
         }
-        Self::deliver_msix(inner, &ready);
+        self.deliver_msix(inner, &ready);
         Ok(())
     }
 
@@ -426,13 +481,16 @@ impl InterruptController {
         match (request.action, request.data) {
             (IrqAction::Trigger, IrqData::EventFds(mut fds)) => {
                 inner.intx.eventfd = fds.pop().flatten();
+                if let Some(eventfd) = &inner.intx.eventfd {
+                    make_nonblocking(eventfd);
+                }
                 inner.intx.masked = false;
                 inner.intx.pending = false;
                 debug!(bound = inner.intx.eventfd.is_some(), "INTx eventfd");
             }
             (IrqAction::Trigger, _) => {
                 if selected {
-                    Self::assert_intx(self.intx_pin, &mut inner.intx);
+                    self.assert_intx(&mut inner.intx);
                 }
             }
             (IrqAction::Mask | IrqAction::Unmask, IrqData::EventFds(_)) => {
@@ -446,7 +504,7 @@ impl InterruptController {
             }
             (IrqAction::Unmask, _) => {
                 if selected {
-                    Self::unmask_intx(self.intx_pin, &mut inner.intx);
+                    self.unmask_intx(&mut inner.intx);
                 }
             }
         }

@@ -15,17 +15,100 @@
 //! does forward table accesses. QEMU's vfio-user client forwards PBA reads
 //! to the server, so our PBA is what the guest sees.
 
-use crate::regs::msix::{ENTRY_SIZE, ENTRY_VECTOR_CONTROL, MAX_VECTORS, VECTOR_CONTROL_MASK_BIT};
+use crate::regs::msix::{
+    CONTROL_ENABLE, CONTROL_FUNCTION_MASK, ENTRY_SIZE, ENTRY_VECTOR_CONTROL, MAX_VECTORS,
+    VECTOR_CONTROL_MASK_BIT,
+};
+
+/// The two bits of MSI-X Message Control that decide delivery, as the
+/// guest last wrote them to config space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsixControl {
+    /// MSI-X Enable: the function signals with MSI-X messages, not INTx.
+    pub enabled: bool,
+    /// Function Mask: every vector is masked; a vector that fires stays
+    /// pending until the mask is lifted.
+    pub function_masked: bool,
+}
+
+impl MsixControl {
+    /// MSI-X off, the power-on state.
+    pub const DISABLED: Self = Self {
+        enabled: false,
+        function_masked: false,
+    };
+    /// MSI-X on and no function mask: vectors are delivered.
+    pub const ENABLED: Self = Self {
+        enabled: true,
+        function_masked: false,
+    };
+    /// MSI-X on with every vector held back (Linux sets this while it
+    /// programs the table).
+    pub const ENABLED_MASKED: Self = Self {
+        enabled: true,
+        function_masked: true,
+    };
+
+    /// Decodes the Message Control register.
+    pub fn from_register(control: u16) -> Self {
+        Self {
+            enabled: control & CONTROL_ENABLE != 0,
+            function_masked: control & CONTROL_FUNCTION_MASK != 0,
+        }
+    }
+}
+
+/// Whether the client has an eventfd bound to a vector (SET_IRQS
+/// ACTION_TRIGGER with DATA_EVENTFD; fd -1 unbinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VectorBinding {
+    /// An eventfd is bound: the vector can be delivered.
+    Bound,
+    /// No eventfd: the vector waits as pending.
+    Unbound,
+}
+
+/// The client's own mask of a vector (SET_IRQS ACTION_MASK/UNMASK), on
+/// top of the guest's masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientMask {
+    /// Held back: the vector waits as pending.
+    Masked,
+    /// Not held back by the client.
+    Unmasked,
+}
+
+/// Which access sizes a structure accepts (both need natural alignment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AccessSizes {
+    /// 4 or 8 bytes, as the spec allows for the table.
+    DwordOrQword,
+    /// 1, 2, 4 or 8 bytes: the PBA, read with whatever size the guest used.
+    Any,
+}
 
 /// A table or PBA access the device cannot serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MsixAccessError {
+    /// The spec allows only naturally aligned dword or qword accesses to
+    /// the table (any naturally aligned size to the PBA).
     #[error(
         "MSI-X access of {len} bytes at {offset:#x}: only 4- or 8-byte naturally aligned accesses"
     )]
-    BadSize { offset: u64, len: usize },
+    BadSize {
+        /// Offset of the access inside the table or PBA.
+        offset: u64,
+        /// Its size in bytes.
+        len: usize,
+    },
+    /// The access leaves the table or PBA (or the function has no MSI-X).
     #[error("MSI-X access of {len} bytes at {offset:#x} is beyond the structure")]
-    OutOfRange { offset: u64, len: usize },
+    OutOfRange {
+        /// Offset of the access inside the table or PBA.
+        offset: u64,
+        /// Its size in bytes.
+        len: usize,
+    },
 }
 
 /// What happened to a vector that fired.
@@ -42,8 +125,11 @@ pub enum FireOutcome {
 /// One table entry, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MsixEntry {
+    /// Message Address (bits 1:0 always 0).
     pub address: u64,
+    /// Message Data.
     pub data: u32,
+    /// Vector Control Mask Bit.
     pub masked: bool,
 }
 
@@ -55,6 +141,9 @@ struct VectorRouting {
     client_masked: bool,
 }
 
+/// The MSI-X state of one function: table, PBA, Message Control bits and
+/// the client's per-vector routing. Every method that can unmask a vector
+/// returns the pending vectors to deliver now; the caller signals them.
 #[derive(Debug, Clone)]
 pub struct MsixState {
     vectors: u16,
@@ -70,11 +159,11 @@ fn check_access(
     offset: u64,
     len: usize,
     size: u64,
-    allow_small: bool,
+    sizes: AccessSizes,
 ) -> Result<usize, MsixAccessError> {
     let aligned = match len {
         4 | 8 => offset.is_multiple_of(len as u64),
-        1 | 2 if allow_small => offset.is_multiple_of(len as u64),
+        1 | 2 if sizes == AccessSizes::Any => offset.is_multiple_of(len as u64),
         _ => false,
     };
     if !aligned {
@@ -106,14 +195,17 @@ impl MsixState {
         state
     }
 
+    /// Number of vectors (table entries).
     pub fn vectors(&self) -> u16 {
         self.vectors
     }
 
+    /// Bytes the table takes in its BAR.
     pub fn table_len(&self) -> u64 {
         self.table.len() as u64
     }
 
+    /// Bytes the PBA takes in its BAR (whole qwords).
     pub fn pba_len(&self) -> u64 {
         self.pending.len() as u64 * 8
     }
@@ -139,14 +231,17 @@ impl MsixState {
         self.function_masked = false;
     }
 
+    /// MSI-X Enable, as last written to Message Control.
     pub fn enabled(&self) -> bool {
         self.enabled
     }
 
+    /// Function Mask, as last written to Message Control.
     pub fn function_masked(&self) -> bool {
         self.function_masked
     }
 
+    /// Table entry `vector`, or `None` beyond the table.
     pub fn entry(&self, vector: u16) -> Option<MsixEntry> {
         let start = usize::from(vector) * ENTRY_SIZE as usize;
         let entry = self.table.get(start..start + ENTRY_SIZE as usize)?;
@@ -160,6 +255,7 @@ impl MsixState {
         })
     }
 
+    /// Whether `vector`'s bit is set in the PBA.
     pub fn is_pending(&self, vector: u16) -> bool {
         let word = usize::from(vector) / 64;
         self.pending
@@ -182,21 +278,22 @@ impl MsixState {
             return FireOutcome::NotEnabled;
         }
         if self.is_masked(vector) {
-            self.set_pending(vector, true);
+            self.mark_pending(vector);
             FireOutcome::Pending
         } else {
             FireOutcome::Deliver
         }
     }
 
-    fn set_pending(&mut self, vector: u16, on: bool) {
+    fn mark_pending(&mut self, vector: u16) {
         if let Some(bits) = self.pending.get_mut(usize::from(vector) / 64) {
-            let bit = 1u64 << (vector % 64);
-            if on {
-                *bits |= bit;
-            } else {
-                *bits &= !bit;
-            }
+            *bits |= 1u64 << (vector % 64);
+        }
+    }
+
+    fn clear_pending(&mut self, vector: u16) {
+        if let Some(bits) = self.pending.get_mut(usize::from(vector) / 64) {
+            *bits &= !(1u64 << (vector % 64));
         }
     }
 
@@ -209,7 +306,7 @@ impl MsixState {
         let mut ready = Vec::new();
         for vector in 0..self.vectors {
             if self.is_pending(vector) && !self.is_masked(vector) {
-                self.set_pending(vector, false);
+                self.clear_pending(vector);
                 ready.push(vector);
             }
         }
@@ -218,21 +315,21 @@ impl MsixState {
 
     /// Message Control changed. Returns vectors to deliver now. Turning
     /// MSI-X off drops whatever was pending.
-    pub fn set_control(&mut self, enabled: bool, function_masked: bool) -> Vec<u16> {
-        self.enabled = enabled;
-        self.function_masked = function_masked;
-        if !enabled {
+    pub fn set_control(&mut self, control: MsixControl) -> Vec<u16> {
+        self.enabled = control.enabled;
+        self.function_masked = control.function_masked;
+        if !control.enabled {
             self.pending.fill(0);
         }
         self.take_deliverable()
     }
 
-    /// The client bound (`true`) or unbound an eventfd. Returns vectors to
-    /// deliver now.
-    pub fn set_bound(&mut self, vector: u16, bound: bool) -> Vec<u16> {
+    /// The client bound or unbound an eventfd. Unbinding also drops the
+    /// client's mask. Returns vectors to deliver now.
+    pub fn set_binding(&mut self, vector: u16, binding: VectorBinding) -> Vec<u16> {
         if let Some(routing) = self.routing.get_mut(usize::from(vector)) {
-            routing.bound = bound;
-            if !bound {
+            routing.bound = binding == VectorBinding::Bound;
+            if binding == VectorBinding::Unbound {
                 routing.client_masked = false;
             }
         }
@@ -241,16 +338,21 @@ impl MsixState {
 
     /// The client masked or unmasked a vector with SET_IRQS. Returns vectors
     /// to deliver now.
-    pub fn set_client_masked(&mut self, vector: u16, masked: bool) -> Vec<u16> {
+    pub fn set_client_mask(&mut self, vector: u16, mask: ClientMask) -> Vec<u16> {
         if let Some(routing) = self.routing.get_mut(usize::from(vector)) {
-            routing.client_masked = masked;
+            routing.client_masked = mask == ClientMask::Masked;
         }
         self.take_deliverable()
     }
 
     /// Reads the table: 4- or 8-byte aligned accesses within it.
     pub fn table_read(&self, offset: u64, data: &mut [u8]) -> Result<(), MsixAccessError> {
-        let at = check_access(offset, data.len(), self.table_len(), false)?;
+        let at = check_access(
+            offset,
+            data.len(),
+            self.table_len(),
+            AccessSizes::DwordOrQword,
+        )?;
         let src = self
             .table
             .get(at..at + data.len())
@@ -266,7 +368,12 @@ impl MsixState {
     /// bits are read-only zero. Returns vectors to deliver now (a vector
     /// unmasked in the table while table masks count).
     pub fn table_write(&mut self, offset: u64, data: &[u8]) -> Result<Vec<u16>, MsixAccessError> {
-        let at = check_access(offset, data.len(), self.table_len(), false)?;
+        let at = check_access(
+            offset,
+            data.len(),
+            self.table_len(),
+            AccessSizes::DwordOrQword,
+        )?;
         let dst = self
             .table
             .get_mut(at..at + data.len())
@@ -296,7 +403,7 @@ impl MsixState {
     /// Reads the PBA. Any naturally aligned 1/2/4/8-byte access works, since
     /// the client forwards whatever size the guest used.
     pub fn pba_read(&self, offset: u64, data: &mut [u8]) -> Result<(), MsixAccessError> {
-        let at = check_access(offset, data.len(), self.pba_len(), true)?;
+        let at = check_access(offset, data.len(), self.pba_len(), AccessSizes::Any)?;
         let mut image = Vec::with_capacity(self.pending.len() * 8);
         for word in &self.pending {
             image.extend_from_slice(&word.to_le_bytes());
@@ -313,7 +420,7 @@ impl MsixState {
 
     /// The PBA is read-only; a well-formed write is ignored.
     pub fn pba_write(&mut self, offset: u64, data: &[u8]) -> Result<(), MsixAccessError> {
-        check_access(offset, data.len(), self.pba_len(), true)?;
+        check_access(offset, data.len(), self.pba_len(), AccessSizes::Any)?;
         Ok(())
     }
 }

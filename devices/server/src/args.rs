@@ -43,6 +43,35 @@ pub struct ServerArgs {
     /// How often to rewrite the stats file, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000, display_order = AFTER_DEVICE_FLAGS + 4)]
     pub stats_interval_ms: u64,
+
+    /// Permissions of the socket file, in octal, applied whatever the umask.
+    /// The default lets only this uid connect; e.g. 0660 opens it to the
+    /// socket's group (whose uids must still be allowed with --allow-uid).
+    #[arg(long, value_name = "MODE", default_value = "0600", value_parser = parse_mode,
+          display_order = AFTER_DEVICE_FLAGS + 5)]
+    pub socket_mode: u32,
+
+    /// Also serve clients running as this uid (repeat for more). Clients of
+    /// any other uid than the server's own are disconnected at once.
+    #[arg(long = "allow-uid", value_name = "UID", display_order = AFTER_DEVICE_FLAGS + 6)]
+    pub allow_uid: Vec<u32>,
+
+    /// Append every message the client sends, with a description of its
+    /// fds, to FILE, in the input format of the vfio_user_session fuzz
+    /// target (seed corpora are recorded this way).
+    #[arg(long, value_name = "FILE", display_order = AFTER_DEVICE_FLAGS + 7)]
+    pub record_session: Option<PathBuf>,
+}
+
+/// An octal file mode of at most 0777 ("0600", "600" or "0o600").
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    let mode = u32::from_str_radix(digits, 8)
+        .map_err(|_| format!("{text:?} is not an octal mode like 0600"))?;
+    if mode > 0o777 {
+        return Err(format!("{text:?} has bits beyond 0777"));
+    }
+    Ok(mode)
 }
 
 impl ServerArgs {
@@ -50,6 +79,9 @@ impl ServerArgs {
     pub fn server_config(&self) -> ServerConfig {
         let mut config = ServerConfig::new(&self.socket);
         config.exit_on_disconnect = self.exit_on_disconnect;
+        config.socket_mode = self.socket_mode;
+        config.allowed_uids = self.allow_uid.clone();
+        config.record_session = self.record_session.clone();
         config
     }
 
@@ -96,6 +128,14 @@ mod tests {
             "/tmp/stats.json",
             "--stats-interval-ms",
             "250",
+            "--socket-mode",
+            "0660",
+            "--allow-uid",
+            "1000",
+            "--allow-uid",
+            "0",
+            "--record-session",
+            "/tmp/rec",
         ])
         .unwrap();
         assert_eq!(args.knob, 3);
@@ -107,6 +147,10 @@ mod tests {
         assert_eq!(s.stats_file, Some(PathBuf::from("/tmp/stats.json")));
         assert_eq!(s.stats_interval(), Duration::from_millis(250));
         assert!(s.server_config().exit_on_disconnect);
+        let config = s.server_config();
+        assert_eq!(config.socket_mode, 0o660);
+        assert_eq!(config.allowed_uids, vec![1000, 0]);
+        assert_eq!(config.record_session, Some(PathBuf::from("/tmp/rec")));
 
         let bare = DeviceArgs::try_parse_from(["dev", "--socket", "s"]).unwrap();
         assert_eq!(bare.server.log_level, None);
@@ -114,6 +158,24 @@ mod tests {
         assert!(!bare.server.exit_on_disconnect);
         assert_eq!(bare.server.stats_file, None);
         assert_eq!(bare.server.stats_interval_ms, 1000);
+        let config = bare.server.server_config();
+        assert_eq!(config.socket_mode, 0o600, "only our uid by default");
+        assert!(config.allowed_uids.is_empty());
+        assert_eq!(config.record_session, None);
+    }
+
+    /// Catches a mode flag that takes decimal, or a mode wider than 0777.
+    #[test]
+    fn socket_mode_is_octal_and_bounded() {
+        let mode = |m: &str| {
+            DeviceArgs::try_parse_from(["dev", "--socket", "s", "--socket-mode", m])
+                .map(|a| a.server.socket_mode)
+        };
+        assert_eq!(mode("600").unwrap(), 0o600);
+        assert_eq!(mode("0o666").unwrap(), 0o666);
+        let err = mode("0800").unwrap_err().to_string();
+        assert!(err.contains("--socket-mode"), "{err}");
+        assert!(mode("4755").is_err(), "setuid bits on a socket");
     }
 
     #[test]
@@ -142,6 +204,9 @@ mod tests {
             "--exit-on-disconnect",
             "--stats-file",
             "--stats-interval-ms",
+            "--socket-mode",
+            "--allow-uid",
+            "--record-session",
             "--help",
         ]
         .iter()

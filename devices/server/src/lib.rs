@@ -6,6 +6,9 @@
 //! - logging set up from `--log-level`/`--log-file`/`RUST_LOG`,
 //! - shutdown signals taken by one thread that stops the server,
 //! - the stats file, rewritten atomically on a thread and once more at exit,
+//! - the open-file limit raised to its hard maximum (each DMA range and
+//!   interrupt keeps a client fd open),
+//! - [`log_limited!`] for log lines a guest or client can trigger at will,
 //! - the `main` skeleton: order of setup, error reporting and exit codes.
 //!
 //! The transport (p2plab-vfio-user) stays free of these process concerns.
@@ -30,14 +33,35 @@
 //! }
 //! ```
 
+//!
+//! ## Layering
+//!
+//! Modules import each other in one direction only (checked by
+//! `scripts/check-module-cycles`); each line lists what a module uses:
+//!
+//! ```text
+//! process     -> args, counters, logging, signals, stats_file   (the main skeleton)
+//! signals     -> counters                                       (signal thread)
+//! stats_file  -> counters                                       (stats file thread)
+//! logging     -> args
+//! args, counters                                                (leaves)
+//! ```
+
+#![deny(missing_docs)]
+
 mod args;
+mod counters;
 mod logging;
 mod process;
 mod signals;
 mod stats_file;
 
 pub use args::ServerArgs;
+pub use counters::CountersJson;
 pub use logging::init_logging;
-pub use process::{run_main, CountersJson, Launch, Running, SecondSignal, ServerProcess};
-pub use signals::ShutdownSignals;
+/// Rate-limited logging for anything a client or guest can trigger at will
+/// (see [`p2plab_vfio_user::ratelimit`]).
+pub use p2plab_vfio_user::log_limited;
+pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
+pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};
 pub use stats_file::{write_stats_file, StatsFileWriter};

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use tracing_subscriber::EnvFilter;
 
-use crate::ServerArgs;
+use crate::args::ServerArgs;
 
 /// Installs the global tracing subscriber: filter from `--log-level`, else
 /// `RUST_LOG`, else "info"; output appended to `--log-file` (no colours),

@@ -9,21 +9,11 @@ use anyhow::Result;
 use p2plab_vfio_user::Server;
 use tracing::{error, Span};
 
-use crate::{init_logging, ServerArgs, ShutdownSignals, StatsFileWriter};
-
-/// Produces the device's counters as the JSON the stats file holds. Called
-/// from the stats thread, the signal thread and at exit.
-pub type CountersJson = Arc<dyn Fn() -> String + Send + Sync>;
-
-/// What a second SIGTERM/SIGINT/SIGHUP does while the first one's shutdown
-/// is still running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecondSignal {
-    /// Exit at once with status 1 (for a user whose Ctrl-C seems stuck).
-    ExitNow,
-    /// Nothing: the shutdown always runs to the end (e.g. to flush data).
-    Ignore,
-}
+use crate::args::ServerArgs;
+use crate::counters::CountersJson;
+use crate::logging::init_logging;
+use crate::signals::{SecondSignal, ShutdownSignals, Sigusr1};
+use crate::stats_file::StatsFileWriter;
 
 /// How one device server binary's process behaves, beyond its flags.
 #[derive(Clone, Copy)]
@@ -35,6 +25,7 @@ pub struct ServerProcess {
     pub thread_prefix: &'static str,
     /// SIGUSR1 logs the counters (without it SIGUSR1 is left alone).
     pub counters_on_sigusr1: bool,
+    /// What a shutdown signal does while the first one's shutdown runs.
     pub second_signal: SecondSignal,
     /// The stats thread also logs the counters when they changed, at most
     /// this often.
@@ -76,7 +67,12 @@ pub fn run_main(
     run: impl FnOnce(Launch<'_>) -> Result<()>,
 ) -> ExitCode {
     let name = process.name;
-    let signals = match ShutdownSignals::block(process.counters_on_sigusr1) {
+    let sigusr1 = if process.counters_on_sigusr1 {
+        Sigusr1::LogsCounters
+    } else {
+        Sigusr1::Default
+    };
+    let signals = match ShutdownSignals::block(sigusr1) {
         Ok(signals) => signals,
         Err(e) => {
             eprintln!("{name}: cannot block signals: {e}");
@@ -86,6 +82,10 @@ pub fn run_main(
     if let Err(e) = init_logging(args) {
         eprintln!("{name}: {e:#}");
         return ExitCode::FAILURE;
+    }
+    match raise_fd_limit() {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
     }
     let launch = Launch {
         process,
@@ -107,6 +107,28 @@ pub fn run_main(
             ExitCode::FAILURE
         }
     }
+}
+
+/// Raises this process's soft limit of open files to its hard limit, and
+/// returns it. A client keeps an fd open here for every fd-backed DMA
+/// range and every bound interrupt; the default soft limit of 1024 would
+/// be reached before the transport's own limits are.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    // SAFETY: `rlimit` is plain data, for which all-zero is valid.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes into a valid rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads a valid rlimit struct; raising the soft
+        // limit up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
 }
 
 /// Handed to the binary's `run` once signals are blocked and logging works.
@@ -175,5 +197,23 @@ impl Running {
             stats_file.stop(&json);
         }
         json
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches a server left at the default soft limit of open files,
+    /// below what the transport's fd limits allow a client to hold.
+    #[test]
+    fn the_fd_limit_is_raised_to_the_hard_limit() {
+        let raised = raise_fd_limit().unwrap();
+        // SAFETY: `rlimit` is plain data, for which all-zero is valid.
+        let mut now: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit writes into a valid rlimit struct.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        assert_eq!(now.rlim_cur, now.rlim_max);
+        assert_eq!(raised, now.rlim_cur);
     }
 }

@@ -6,7 +6,27 @@ use anyhow::{Context, Result};
 use p2plab_vfio_user::ShutdownHandle;
 use tracing::{info, warn};
 
-use crate::{CountersJson, SecondSignal};
+use crate::counters::CountersJson;
+
+/// What a second SIGTERM/SIGINT/SIGHUP does while the first one's shutdown
+/// is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondSignal {
+    /// Exit at once with status 1 (for a user whose Ctrl-C seems stuck).
+    ExitNow,
+    /// Nothing: the shutdown always runs to the end (e.g. to flush data).
+    Ignore,
+}
+
+/// What SIGUSR1 does to a server process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sigusr1 {
+    /// Logs the counters: SIGUSR1 is blocked with the shutdown signals and
+    /// taken by the signal thread.
+    LogsCounters,
+    /// Left alone: its default action (terminating the process) applies.
+    Default,
+}
 
 /// The signals a server process handles, blocked in the calling thread and
 /// so in every thread it starts afterwards. Make it before any thread
@@ -14,7 +34,7 @@ use crate::{CountersJson, SecondSignal};
 /// [`ShutdownSignals::spawn_waiter`].
 pub struct ShutdownSignals {
     set: libc::sigset_t,
-    counters_on_sigusr1: bool,
+    sigusr1: Sigusr1,
 }
 
 impl std::fmt::Debug for ShutdownSignals {
@@ -24,11 +44,11 @@ impl std::fmt::Debug for ShutdownSignals {
 }
 
 impl ShutdownSignals {
-    /// Blocks SIGTERM, SIGINT, SIGHUP and, with `counters_on_sigusr1`,
+    /// Blocks SIGTERM, SIGINT, SIGHUP and, with [`Sigusr1::LogsCounters`],
     /// SIGUSR1 (which then logs the counters instead of killing us).
-    pub fn block(counters_on_sigusr1: bool) -> std::io::Result<Self> {
+    pub fn block(sigusr1: Sigusr1) -> std::io::Result<Self> {
         let mut signals = vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
-        if counters_on_sigusr1 {
+        if sigusr1 == Sigusr1::LogsCounters {
             signals.push(libc::SIGUSR1);
         }
         let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
@@ -45,10 +65,7 @@ impl ShutdownSignals {
             if rc != 0 {
                 return Err(std::io::Error::from_raw_os_error(rc));
             }
-            Ok(Self {
-                set,
-                counters_on_sigusr1,
-            })
+            Ok(Self { set, sigusr1 })
         }
     }
 
@@ -78,7 +95,7 @@ impl ShutdownSignals {
                         warn!(errno = rc, "sigwait failed; signals ignored from now on");
                         return;
                     }
-                    if self.counters_on_sigusr1 && signal == libc::SIGUSR1 {
+                    if self.sigusr1 == Sigusr1::LogsCounters && signal == libc::SIGUSR1 {
                         info!(stats = %counters(), "counters (SIGUSR1)");
                         continue;
                     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tracing::{info, warn};
 
-use crate::CountersJson;
+use crate::counters::CountersJson;
 
 /// Writes `json` plus a newline to `path` atomically: into `<path>.tmp`,
 /// then renamed over `path`.

@@ -1,7 +1,7 @@
 use crate::regs::{self, cap_id, ext_cap_id, status};
 use crate::{
     BarKind, BarSpec, Command, ConfigChange, ConfigError, ConfigSpace, ConfigSpaceBuilder,
-    ExtCapability, LinkSpeed, MsixCapSpec, PcieCapSpec, PowerState,
+    ExtCapability, LinkSpeed, MsixCapSpec, MsixControl, PcieCapSpec, PowerState,
 };
 
 const MIB: u64 = 1 << 20;
@@ -476,24 +476,20 @@ fn msix_capability_fields_and_control() {
     assert_eq!(r16(&cs, at + 2), 64, "table size is N-1");
     assert_eq!(r32(&cs, at + 4), 0x2000, "table offset, BIR 0");
     assert_eq!(r32(&cs, at + 8), 0x3000, "PBA offset, BIR 0");
-    assert_eq!(cs.msix_control(), Some((false, false)));
+    assert_eq!(cs.msix_control(), Some(MsixControl::DISABLED));
 
     let changes = w16(&mut cs, at + 2, 0xffff);
     assert_eq!(
         changes,
-        vec![ConfigChange::MsixControlChanged {
-            enabled: true,
-            function_masked: true
-        }]
+        vec![ConfigChange::MsixControlChanged(
+            MsixControl::ENABLED_MASKED
+        )]
     );
     assert_eq!(r16(&cs, at + 2), 0xc000 | 64, "table size unchanged");
     let changes = w16(&mut cs, at + 2, 0x8000);
     assert_eq!(
         changes,
-        vec![ConfigChange::MsixControlChanged {
-            enabled: true,
-            function_masked: false
-        }]
+        vec![ConfigChange::MsixControlChanged(MsixControl::ENABLED)]
     );
     assert!(
         w16(&mut cs, at + 2, 0x8000).is_empty(),

@@ -14,7 +14,7 @@ use super::interrupt::{drain, eventfd};
 use crate::regs::{self, cap_id};
 use crate::{
     BarBacking, BarSpec, ConfigChange, ConfigSpaceBuilder, InterruptController, MsixCapSpec,
-    PciFunction, PciModel, PcieCapSpec,
+    MsixControl, PciFunction, PciModel, PcieCapSpec,
 };
 
 const CONFIG: u32 = VFIO_PCI_CONFIG_REGION_INDEX;
@@ -299,10 +299,7 @@ fn msix_enable_in_config_and_worker_notify_reach_the_eventfd() {
         .changes
         .lock()
         .expect("lock")
-        .contains(&ConfigChange::MsixControlChanged {
-            enabled: true,
-            function_masked: false
-        }));
+        .contains(&ConfigChange::MsixControlChanged(MsixControl::ENABLED)));
 }
 
 #[test]
@@ -369,7 +366,7 @@ fn reset_restores_config_interrupts_and_model() {
     f.region_write(0, 0x14, &[1, 2, 3, 4]).expect("model write");
     f.reset().expect("reset");
     assert_eq!(f.config().command().0, 0);
-    assert_eq!(f.config().msix_control(), Some((false, false)));
+    assert_eq!(f.config().msix_control(), Some(MsixControl::DISABLED));
     assert!(!f.irq().msix_enabled());
     assert_eq!(f.model().resets, 1);
     assert_eq!(&f.model().regs[0x14..0x18], &[0, 0, 0, 0]);

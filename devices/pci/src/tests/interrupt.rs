@@ -9,7 +9,7 @@ use vfio_bindings::bindings::vfio::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::{Delivery, InterruptController};
+use crate::{Delivery, InterruptController, MsixControl};
 
 pub(crate) fn eventfd() -> EventFd {
     EventFd::new(libc::EFD_NONBLOCK).expect("eventfd")
@@ -80,7 +80,7 @@ fn msix_vector_signals_its_own_eventfd() {
     let irq = InterruptController::new(4, 1);
     let (a, b) = (eventfd(), eventfd());
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 1, &[&a, &b]);
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     assert_eq!(irq.notify(1), Delivery::Signalled);
     assert_eq!(irq.notify(2), Delivery::Signalled);
     assert_eq!(irq.notify(2), Delivery::Signalled);
@@ -95,7 +95,7 @@ fn client_mask_latches_and_unmask_delivers() {
     let irq = InterruptController::new(2, 0);
     let fd = eventfd();
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 0, &[&fd]);
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     act(&irq, VFIO_PCI_MSIX_IRQ_INDEX, IrqAction::Mask, 0, 1);
     assert_eq!(irq.notify(0), Delivery::Pending);
     assert_eq!(irq.notify(0), Delivery::Pending);
@@ -123,7 +123,7 @@ fn data_bool_selects_vectors() {
         0,
         &[&fds[0], &fds[1], &fds[2]],
     );
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     irq.set_irqs(IrqSet {
         index: VFIO_PCI_MSIX_IRQ_INDEX,
         action: IrqAction::Mask,
@@ -152,12 +152,12 @@ fn function_mask_and_disable_from_config() {
     let (fd, intx) = (eventfd(), eventfd());
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 0, &[&fd]);
     bind(&irq, VFIO_PCI_INTX_IRQ_INDEX, 0, &[&intx]);
-    irq.set_msix_control(true, true);
+    irq.set_msix_control(MsixControl::ENABLED_MASKED);
     assert_eq!(irq.notify(0), Delivery::Pending);
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     assert_eq!(drain(&fd), 1);
     // MSI-X off: the device falls back to INTx.
-    irq.set_msix_control(false, false);
+    irq.set_msix_control(MsixControl::DISABLED);
     assert!(!irq.msix_enabled());
     assert_eq!(irq.notify(0), Delivery::Signalled);
     assert_eq!((drain(&fd), drain(&intx)), (0, 1));
@@ -193,7 +193,7 @@ fn disable_all_and_reset_drop_eventfds() {
     let irq = InterruptController::new(2, 1);
     let fd = eventfd();
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 0, &[&fd, &fd]);
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     act(&irq, VFIO_PCI_MSIX_IRQ_INDEX, IrqAction::Trigger, 0, 0);
     assert_eq!(irq.notify(1), Delivery::Pending);
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 1, &[&fd]);
@@ -201,7 +201,7 @@ fn disable_all_and_reset_drop_eventfds() {
 
     irq.reset();
     assert!(!irq.msix_enabled());
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     assert_eq!(irq.notify(1), Delivery::Pending);
     assert_eq!(drain(&fd), 0);
     // "MSI-X on, no vectors": QEMU binds vector 0 to fd -1.
@@ -323,7 +323,7 @@ fn notify_from_worker_threads_counts_every_interrupt() {
         0,
         &fds.iter().collect::<Vec<_>>(),
     );
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let irq = Arc::clone(&irq);
@@ -347,7 +347,7 @@ fn notify_races_with_mask_toggling_without_losing_the_last_interrupt() {
     let irq = InterruptController::new(1, 0);
     let fd = eventfd();
     bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 0, &[&fd]);
-    irq.set_msix_control(true, false);
+    irq.set_msix_control(MsixControl::ENABLED);
     let worker = {
         let irq = Arc::clone(&irq);
         thread::spawn(move || {
@@ -380,4 +380,40 @@ fn notify_races_with_mask_toggling_without_losing_the_last_interrupt() {
         "the final pending one arrived too"
     );
     assert!(total <= 5001 + 2000, "no invented interrupts");
+}
+
+/// Catches an interrupt controller that writes a client's eventfd in
+/// blocking mode under its lock: a counter pre-filled to the maximum made
+/// `notify` block forever, and with it every later interrupt, SET_IRQS and
+/// the reset the next client needs. The signal is dropped and counted.
+#[test]
+fn a_full_blocking_eventfd_never_blocks_notify() {
+    let irq = InterruptController::new(2, 1);
+    // Blocking, as a hostile client would leave it, and full.
+    let full = EventFd::new(0).expect("eventfd");
+    full.write(u64::MAX - 1).expect("fill");
+    bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 0, &[&full]);
+    irq.set_msix_control(MsixControl::ENABLED);
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let irq = Arc::clone(&irq);
+        thread::spawn(move || {
+            let first = irq.notify(0);
+            let second = irq.notify(0);
+            tx.send((first, second)).expect("send");
+        });
+    }
+    let delivered = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("notify blocked on a full eventfd");
+    assert_eq!(delivered, (Delivery::Dropped, Delivery::Dropped));
+    assert_eq!(irq.dropped_signals(), 2);
+    // The controller still works: reset (needed for the next client)
+    // takes the lock, and a fresh eventfd is signalled.
+    irq.reset();
+    let fresh = eventfd();
+    bind(&irq, VFIO_PCI_MSIX_IRQ_INDEX, 1, &[&fresh]);
+    irq.set_msix_control(MsixControl::ENABLED);
+    assert_eq!(irq.notify(1), Delivery::Signalled);
+    assert_eq!(drain(&fresh), 1);
 }

@@ -1,4 +1,4 @@
-use crate::{FireOutcome, MsixAccessError, MsixState};
+use crate::{ClientMask, FireOutcome, MsixAccessError, MsixControl, MsixState, VectorBinding};
 
 fn read32(state: &MsixState, offset: u64) -> u32 {
     let mut buf = [0u8; 4];
@@ -16,9 +16,9 @@ fn pba64(state: &MsixState, offset: u64) -> u64 {
 fn live(vectors: u16) -> MsixState {
     let mut state = MsixState::new(vectors);
     for v in 0..vectors {
-        assert!(state.set_bound(v, true).is_empty());
+        assert!(state.set_binding(v, VectorBinding::Bound).is_empty());
     }
-    assert!(state.set_control(true, false).is_empty());
+    assert!(state.set_control(MsixControl::ENABLED).is_empty());
     state
 }
 
@@ -126,7 +126,7 @@ fn malformed_table_and_pba_accesses_are_errors() {
 fn fire_while_client_masked_sets_pending_then_unmask_delivers() {
     let mut state = live(4);
     assert_eq!(state.fire(1), FireOutcome::Deliver);
-    assert!(state.set_client_masked(1, true).is_empty());
+    assert!(state.set_client_mask(1, ClientMask::Masked).is_empty());
     assert_eq!(state.fire(1), FireOutcome::Pending);
     assert_eq!(state.fire(1), FireOutcome::Pending, "coalesces");
     assert!(state.is_pending(1));
@@ -137,11 +137,11 @@ fn fire_while_client_masked_sets_pending_then_unmask_delivers() {
         "other vectors unaffected"
     );
 
-    assert_eq!(state.set_client_masked(1, false), vec![1]);
+    assert_eq!(state.set_client_mask(1, ClientMask::Unmasked), vec![1]);
     assert!(!state.is_pending(1));
     assert_eq!(pba64(&state, 0), 0);
     assert!(
-        state.set_client_masked(1, false).is_empty(),
+        state.set_client_mask(1, ClientMask::Unmasked).is_empty(),
         "delivered once"
     );
 }
@@ -149,40 +149,40 @@ fn fire_while_client_masked_sets_pending_then_unmask_delivers() {
 #[test]
 fn function_mask_holds_every_vector() {
     let mut state = live(3);
-    assert!(state.set_control(true, true).is_empty());
+    assert!(state.set_control(MsixControl::ENABLED_MASKED).is_empty());
     assert_eq!(state.fire(0), FireOutcome::Pending);
     assert_eq!(state.fire(2), FireOutcome::Pending);
     assert_eq!(pba64(&state, 0), 0b101);
-    assert_eq!(state.set_control(true, false), vec![0, 2]);
+    assert_eq!(state.set_control(MsixControl::ENABLED), vec![0, 2]);
     assert_eq!(pba64(&state, 0), 0);
 }
 
 #[test]
 fn unbound_vector_waits_for_its_eventfd() {
     let mut state = MsixState::new(2);
-    state.set_control(true, false);
+    state.set_control(MsixControl::ENABLED);
     assert_eq!(state.fire(0), FireOutcome::Pending);
-    assert_eq!(state.set_bound(0, true), vec![0]);
+    assert_eq!(state.set_binding(0, VectorBinding::Bound), vec![0]);
     assert_eq!(state.fire(0), FireOutcome::Deliver);
     // Unbinding also forgets a client mask.
-    state.set_client_masked(0, true);
-    state.set_bound(0, false);
-    assert!(state.set_bound(0, true).is_empty());
+    state.set_client_mask(0, ClientMask::Masked);
+    state.set_binding(0, VectorBinding::Unbound);
+    assert!(state.set_binding(0, VectorBinding::Bound).is_empty());
     assert_eq!(state.fire(0), FireOutcome::Deliver);
 }
 
 #[test]
 fn disabled_msix_neither_delivers_nor_latches() {
     let mut state = MsixState::new(2);
-    state.set_bound(0, true);
+    state.set_binding(0, VectorBinding::Bound);
     assert_eq!(state.fire(0), FireOutcome::NotEnabled);
     assert!(!state.is_pending(0));
-    state.set_control(true, true);
+    state.set_control(MsixControl::ENABLED_MASKED);
     assert_eq!(state.fire(0), FireOutcome::Pending);
     // Turning MSI-X off drops what was pending.
-    assert!(state.set_control(false, false).is_empty());
+    assert!(state.set_control(MsixControl::DISABLED).is_empty());
     assert!(!state.is_pending(0));
-    assert!(state.set_control(true, false).is_empty());
+    assert!(state.set_control(MsixControl::ENABLED).is_empty());
     assert_eq!(state.fire(9), FireOutcome::NotEnabled, "no such vector");
 }
 
@@ -205,7 +205,7 @@ fn table_mask_counts_only_when_asked() {
 #[test]
 fn pba_reads_of_any_natural_size_and_ignored_writes() {
     let mut state = live(72);
-    state.set_control(true, true);
+    state.set_control(MsixControl::ENABLED_MASKED);
     state.fire(0);
     state.fire(9);
     state.fire(70);
@@ -224,11 +224,11 @@ fn pba_reads_of_any_natural_size_and_ignored_writes() {
 #[test]
 fn reset_forgets_routing_and_pending() {
     let mut state = live(2);
-    state.set_control(true, true);
+    state.set_control(MsixControl::ENABLED_MASKED);
     state.fire(1);
     state.reset();
     assert!(!state.enabled() && !state.is_pending(1));
-    state.set_control(true, false);
+    state.set_control(MsixControl::ENABLED);
     assert_eq!(
         state.fire(1),
         FireOutcome::Pending,
