@@ -1,4 +1,6 @@
-//! Submission and completion queue entries.
+//! Submission and completion queue entries. The fields every command has
+//! (CDW0, NSID, MPTR, DPTR) have accessors here; what a command's CDW10-15
+//! mean is in its typed view in [`fields`](crate::fields).
 
 use crate::spec::{Status, CQE_SIZE, SQE_SIZE};
 
@@ -79,13 +81,13 @@ impl Command {
     pub fn cdw15(&self) -> u32 {
         self.dword(15)
     }
-    /// Starting LBA of NVM commands (CDW11:CDW10).
-    pub fn slba(&self) -> u64 {
+    /// CDW11:CDW10 as one little-endian qword (SLBA of NVM commands).
+    pub fn cdw10_11(&self) -> u64 {
         self.qword(10)
     }
-    /// Number of logical blocks of NVM commands, 1-based (CDW12 15:0 + 1).
-    pub fn nlb(&self) -> u32 {
-        (self.cdw12() & 0xffff) + 1
+    /// CDW13:CDW12 as one qword (LPO of Get Log Page).
+    pub fn cdw12_13(&self) -> u64 {
+        self.qword(12)
     }
 }
 
@@ -180,26 +182,8 @@ impl From<Status> for Completion {
     }
 }
 
-/// Encodes a completion queue entry.
-pub fn encode_cqe(
-    c: &Completion,
-    sq_head: u16,
-    sqid: u16,
-    cid: u16,
-    phase: bool,
-) -> [u8; CQE_SIZE] {
-    let mut e = [0u8; CQE_SIZE];
-    e[0..4].copy_from_slice(&c.dw0.to_le_bytes());
-    e[4..8].copy_from_slice(&c.dw1.to_le_bytes());
-    e[8..10].copy_from_slice(&sq_head.to_le_bytes());
-    e[10..12].copy_from_slice(&sqid.to_le_bytes());
-    e[12..14].copy_from_slice(&cid.to_le_bytes());
-    let status = (c.status.raw() << 1) | u16::from(phase);
-    e[14..16].copy_from_slice(&status.to_le_bytes());
-    e
-}
-
-/// A decoded completion queue entry (tests and tracing).
+/// A completion queue entry: what the controller posts, and what tests
+/// and tracing decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompletionEntry {
     pub dw0: u32,
@@ -212,6 +196,19 @@ pub struct CompletionEntry {
 }
 
 impl CompletionEntry {
+    /// The 16 bytes in the queue; the phase tag is bit 0 of the status word.
+    pub fn encode(&self) -> [u8; CQE_SIZE] {
+        let mut e = [0u8; CQE_SIZE];
+        e[0..4].copy_from_slice(&self.dw0.to_le_bytes());
+        e[4..8].copy_from_slice(&self.dw1.to_le_bytes());
+        e[8..10].copy_from_slice(&self.sq_head.to_le_bytes());
+        e[10..12].copy_from_slice(&self.sqid.to_le_bytes());
+        e[12..14].copy_from_slice(&self.cid.to_le_bytes());
+        let status = (self.status.raw() << 1) | u16::from(self.phase);
+        e[14..16].copy_from_slice(&status.to_le_bytes());
+        e
+    }
+
     pub fn decode(e: &[u8; CQE_SIZE]) -> Self {
         let u16_at = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
         let u32_at = |at: usize| u32::from_le_bytes([e[at], e[at + 1], e[at + 2], e[at + 3]]);
@@ -248,8 +245,8 @@ mod tests {
         assert_eq!(c.nsid(), 7);
         assert_eq!(c.prp1(), 0x1122_3344_5566_7788);
         assert_eq!(c.prp2(), 0x99);
-        assert_eq!(c.slba(), 0x1_0000_0002);
-        assert_eq!(c.nlb(), 8);
+        assert_eq!(c.cdw10_11(), 0x1_0000_0002);
+        assert_eq!(c.cdw12() & 0xffff, 7);
         assert_eq!(c.psdt(), 2);
         assert_eq!(c.fuse(), 1);
         assert_eq!(c.cdw12() >> 30, 1, "FUA bit");
@@ -257,13 +254,18 @@ mod tests {
 
     #[test]
     fn cqe_encoding_puts_phase_in_bit_0_of_the_status_word() {
-        let c = Completion {
-            status: Status::INVALID_FIELD,
+        let entry = CompletionEntry {
             dw0: 0xdead_beef,
             dw1: 0,
+            sq_head: 5,
+            sqid: 3,
+            cid: 0x1234,
+            phase: true,
+            status: Status::INVALID_FIELD,
         };
-        let e = encode_cqe(&c, 5, 3, 0x1234, true);
+        let e = entry.encode();
         let d = CompletionEntry::decode(&e);
+        assert_eq!(d, entry);
         assert_eq!(d.dw0, 0xdead_beef);
         assert_eq!(d.sq_head, 5);
         assert_eq!(d.sqid, 3);

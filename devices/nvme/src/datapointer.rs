@@ -18,6 +18,17 @@ pub struct Segment {
     pub bit_bucket: bool,
 }
 
+impl Segment {
+    /// `len` bytes of host memory at `addr`.
+    fn data(addr: u64, len: u64) -> Self {
+        Self {
+            addr,
+            len,
+            bit_bucket: false,
+        }
+    }
+}
+
 /// Which way data flows, from the controller's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -25,6 +36,40 @@ pub enum Direction {
     ToHost,
     /// Host to controller (Write, Compare, Set Features data...).
     FromHost,
+}
+
+/// Which way a command moves data, as its opcode's bits 1:0 say (NVMe base
+/// 2.0, "Opcodes for Admin Commands"): the `data` of a command table row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataTransfer {
+    /// 00b: no data.
+    None = 0b00,
+    /// 01b: host to controller (Write, Set Features...).
+    HostToController = 0b01,
+    /// 10b: controller to host (Read, Identify...).
+    ControllerToHost = 0b10,
+    /// 11b: both ways.
+    Bidirectional = 0b11,
+}
+
+impl DataTransfer {
+    /// The direction a handler maps its data pointer in, if it has one.
+    pub fn direction(self) -> Option<Direction> {
+        match self {
+            DataTransfer::HostToController => Some(Direction::FromHost),
+            DataTransfer::ControllerToHost => Some(Direction::ToHost),
+            DataTransfer::None | DataTransfer::Bidirectional => None,
+        }
+    }
+}
+
+/// Which data pointer forms a command set accepts (CDW0 PSDT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPointers {
+    /// PRPs only: admin commands over PCIe.
+    PrpOnly,
+    /// PRPs or SGLs: NVM I/O commands.
+    PrpOrSgl,
 }
 
 /// The upper bound on SGL descriptors walked for one command. The
@@ -46,22 +91,22 @@ pub struct DataBuffer {
 }
 
 impl DataBuffer {
-    /// Walks the data pointer of `cmd` for `len` bytes. `allow_sgl` is false
-    /// for admin commands: over PCIe they use PRPs only.
+    /// Walks the data pointer of `cmd` for `len` bytes, in one of the
+    /// `accepted` forms.
     pub fn map(
         mem: &DmaRouter,
         cmd: &Command,
         len: u64,
         dir: Direction,
         page_size: u64,
-        allow_sgl: bool,
+        accepted: DataPointers,
     ) -> Result<Self, Status> {
         match cmd.psdt() {
             0 => map_prp(mem, cmd.prp1(), cmd.prp2(), len, page_size),
             // 01b: SGL, metadata pointer is a buffer; 10b: metadata pointer
             // is an SGL too. This controller transfers no metadata, so both
             // describe the data the same way.
-            1 | 2 if allow_sgl => map_sgl(mem, &cmd.sgl1(), len, dir),
+            1 | 2 if accepted == DataPointers::PrpOrSgl => map_sgl(mem, &cmd.sgl1(), len, dir),
             _ => Err(Status::INVALID_FIELD),
         }
     }
@@ -78,22 +123,21 @@ impl DataBuffer {
         self.len == 0
     }
 
-    fn push(&mut self, addr: u64, len: u64, bit_bucket: bool) {
-        if len == 0 {
+    /// Appends `segment`, merged into the last one when contiguous.
+    fn push(&mut self, segment: Segment) {
+        if segment.len == 0 {
             return;
         }
-        self.len += len;
+        self.len += segment.len;
         if let Some(last) = self.segments.last_mut() {
-            if last.bit_bucket == bit_bucket && last.addr.checked_add(last.len) == Some(addr) {
-                last.len += len;
+            if last.bit_bucket == segment.bit_bucket
+                && last.addr.checked_add(last.len) == Some(segment.addr)
+            {
+                last.len += segment.len;
                 return;
             }
         }
-        self.segments.push(Segment {
-            addr,
-            len,
-            bit_bucket,
-        });
+        self.segments.push(segment);
     }
 
     /// Copies `data` (exactly [`len`](Self::len) bytes) into the host buffer.
@@ -225,7 +269,7 @@ pub fn map_prp(
     if prp1.checked_add(first).is_none() {
         return Err(Status::PRP_OFFSET_INVALID);
     }
-    buf.push(prp1, first, false);
+    buf.push(Segment::data(prp1, first));
     let mut remaining = len - first;
     if remaining == 0 {
         return Ok(buf);
@@ -235,7 +279,7 @@ pub fn map_prp(
         if prp2 & mask != 0 {
             return Err(Status::PRP_OFFSET_INVALID);
         }
-        buf.push(prp2, remaining, false);
+        buf.push(Segment::data(prp2, remaining));
         return Ok(buf);
     }
     // PRP2 points to a PRP list; the first list may start at an offset
@@ -258,7 +302,7 @@ pub fn map_prp(
             if entry.checked_add(n).is_none() {
                 return Err(Status::PRP_OFFSET_INVALID);
             }
-            buf.push(entry, n, false);
+            buf.push(Segment::data(entry, n));
             remaining -= n;
         }
         if !chained {
@@ -411,7 +455,11 @@ fn map_sgl_data(
         if !bit_bucket && d.addr.checked_add(len).is_none() {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        buf.push(if bit_bucket { 0 } else { d.addr }, len, bit_bucket);
+        buf.push(Segment {
+            addr: if bit_bucket { 0 } else { d.addr },
+            len,
+            bit_bucket,
+        });
         *remaining -= len;
     }
     Ok(())
@@ -420,9 +468,9 @@ fn map_sgl_data(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::testing::FakeGuestMemory;
-    use crate::memory::{GuestMemory, HeapRegion};
     use crate::stats::Stats;
+    use p2plab_dma::testing::FakeGuestMemory;
+    use p2plab_dma::{GuestMemory, HeapRegion};
     use std::sync::Arc;
 
     const PS: u64 = 4096;

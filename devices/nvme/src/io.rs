@@ -1,61 +1,94 @@
-//! NVM command set I/O commands, run on the I/O queue workers.
+//! The NVM command set: its command table and handlers, run on the I/O
+//! queue workers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::command::{Command, Completion};
-use crate::controller::Shared;
-use crate::datapointer::{DataBuffer, Direction};
+use crate::context::{CommandContext, CommandResult, Outcome};
+use crate::datapointer::{DataPointers, DataTransfer, Direction};
+use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
 use crate::memory::Placement;
-use crate::namespace::{io_error_status, Namespace};
+use crate::namespace::{io_error_status, MediaAccess, Namespace};
+use crate::spec::effects::{CSUPP, LBCC};
 use crate::spec::{io, Status, NSID_ALL};
-use crate::worker::Scratch;
+use crate::state::ControllerState;
+use crate::table::{CommandRow, CommandTable};
 
-type Handled = Result<Completion, Status>;
+/// Every NVM command this controller supports.
+pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
+    "unsupported I/O opcode",
+    DataPointers::PrpOrSgl,
+    &[
+        CommandRow {
+            opcode: io::FLUSH,
+            name: "Flush",
+            run: |cx, cmd| flush(cx, Flush::parse(cmd)?),
+            effects: CSUPP | LBCC,
+            data: DataTransfer::None,
+        },
+        CommandRow {
+            opcode: io::WRITE,
+            name: "Write",
+            run: |cx, cmd| write(cx, ReadWrite::parse(cmd)?),
+            effects: CSUPP | LBCC,
+            data: DataTransfer::HostToController,
+        },
+        CommandRow {
+            opcode: io::READ,
+            name: "Read",
+            run: |cx, cmd| read(cx, ReadWrite::parse(cmd)?),
+            effects: CSUPP,
+            data: DataTransfer::ControllerToHost,
+        },
+        CommandRow {
+            opcode: io::COMPARE,
+            name: "Compare",
+            run: |cx, cmd| compare(cx, ReadWrite::parse(cmd)?),
+            effects: CSUPP,
+            data: DataTransfer::HostToController,
+        },
+        CommandRow {
+            opcode: io::WRITE_ZEROES,
+            name: "Write Zeroes",
+            run: |cx, cmd| write_zeroes(cx, WriteZeroes::parse(cmd)?),
+            effects: CSUPP | LBCC,
+            data: DataTransfer::None,
+        },
+        CommandRow {
+            opcode: io::DATASET_MANAGEMENT,
+            name: "Dataset Management",
+            run: |cx, cmd| dataset_management(cx, DatasetManagement::parse(cmd)?),
+            effects: CSUPP | LBCC,
+            data: DataTransfer::HostToController,
+        },
+        CommandRow {
+            opcode: io::VERIFY,
+            name: "Verify",
+            run: |cx, cmd| verify(cx, ReadWrite::parse(cmd)?),
+            effects: CSUPP,
+            data: DataTransfer::None,
+        },
+    ],
+);
 
-const FUA: u32 = 1 << 30;
-const DEALLOCATE: u32 = 1 << 25;
 /// Data moves through the worker's bounce buffer in pieces of at most this
 /// size, so memory stays bounded even without an MDTS limit.
 const IO_CHUNK: u64 = 1 << 20;
 
-pub(crate) fn execute(shared: &Shared, cmd: &Command, scratch: &mut Scratch) -> Completion {
-    let result = match cmd.opcode() {
-        io::FLUSH
-        | io::WRITE
-        | io::READ
-        | io::COMPARE
-        | io::WRITE_ZEROES
-        | io::DATASET_MANAGEMENT
-        | io::VERIFY
-            if cmd.fuse() != 0 =>
-        {
-            // No fused operations (FUSES = 0).
-            Err(Status::INVALID_FIELD)
+/// Runs one I/O command.
+pub(crate) fn execute(cx: &mut CommandContext<'_>) -> Outcome {
+    let result = IO_COMMANDS.find(cx.cmd.opcode()).and_then(|row| {
+        // No fused operations (FUSES = 0).
+        if cx.cmd.fuse() != 0 {
+            return Err(Status::INVALID_FIELD);
         }
-        io::FLUSH => flush(shared, cmd),
-        io::WRITE
-        | io::READ
-        | io::COMPARE
-        | io::WRITE_ZEROES
-        | io::DATASET_MANAGEMENT
-        | io::VERIFY => match namespace_for(shared, cmd) {
-            Ok(ns) => match cmd.opcode() {
-                io::WRITE => write(shared, ns, cmd, scratch),
-                io::READ => read(shared, ns, cmd, scratch),
-                io::COMPARE => compare(shared, ns, cmd, scratch),
-                io::WRITE_ZEROES => write_zeroes(shared, ns, cmd),
-                io::DATASET_MANAGEMENT => dataset_management(shared, ns, cmd),
-                _ => verify(shared, ns, cmd, scratch),
-            },
-            Err(status) => Err(status),
-        },
-        _ => Err(Status::INVALID_OPCODE),
-    };
-    result.unwrap_or_else(Completion::error)
+        IO_COMMANDS.run(row, cx)
+    });
+    Outcome::of(result)
 }
 
-fn namespace_for<'a>(shared: &'a Shared, cmd: &Command) -> Result<&'a Namespace, Status> {
-    let ns = shared.check_nsid(cmd.nsid())?;
+/// The namespace a command names, if it may take I/O now.
+fn namespace(state: &ControllerState, nsid: u32) -> Result<&Namespace, Status> {
+    let ns = state.check_nsid(nsid)?;
     if ns.is_formatting() {
         return Err(Status::FORMAT_IN_PROGRESS);
     }
@@ -67,205 +100,222 @@ fn add(counter: &AtomicU64, n: u64) {
 }
 
 /// The LBA range of a read/write-like command, with MDTS enforced.
-fn data_range(shared: &Shared, ns: &Namespace, cmd: &Command) -> Result<(u64, u64), Status> {
-    let (offset, len) = ns.byte_range(cmd.slba(), u64::from(cmd.nlb()))?;
-    if shared.cfg.max_transfer().is_some_and(|max| len > max) {
+fn data_range(
+    state: &ControllerState,
+    ns: &Namespace,
+    f: &ReadWrite,
+) -> Result<(u64, u64), Status> {
+    let (offset, len) = ns.byte_range(f.slba, f.blocks())?;
+    if state.cfg.max_transfer().is_some_and(|max| len > max) {
         return Err(Status::INVALID_FIELD);
     }
     Ok((offset, len))
 }
 
-fn map(shared: &Shared, cmd: &Command, len: u64, dir: Direction) -> Result<DataBuffer, Status> {
-    DataBuffer::map(&shared.mem, cmd, len, dir, shared.page_size(), true)
-}
-
-fn count_data(shared: &Shared, placement: Placement, to_host: bool) {
-    let s = &shared.stats;
-    if to_host {
-        add(&s.data_to_cmb_bytes, placement.cmb);
-        add(&s.data_to_host_bytes, placement.host);
-    } else {
-        add(&s.data_from_cmb_bytes, placement.cmb);
-        add(&s.data_from_host_bytes, placement.host);
+fn count_data(state: &ControllerState, placement: Placement, direction: Direction) {
+    let s = &state.stats;
+    match direction {
+        Direction::ToHost => {
+            add(&s.data_to_cmb_bytes, placement.cmb);
+            add(&s.data_to_host_bytes, placement.host);
+        }
+        Direction::FromHost => {
+            add(&s.data_from_cmb_bytes, placement.cmb);
+            add(&s.data_from_host_bytes, placement.host);
+        }
     }
 }
 
-fn backend_error(shared: &Shared, ns: &Namespace, e: &std::io::Error, writing: bool) -> Status {
-    add(&shared.stats.backend_errors, 1);
-    tracing::warn!(nsid = ns.nsid(), %e, writing, "backing store error");
-    io_error_status(e, writing)
+fn backend_error(
+    state: &ControllerState,
+    ns: &Namespace,
+    e: &std::io::Error,
+    access: MediaAccess,
+) -> Status {
+    add(&state.stats.backend_errors, 1);
+    tracing::warn!(nsid = ns.nsid(), %e, ?access, "backing store error");
+    io_error_status(e, access)
 }
 
-fn count_read(shared: &Shared, ns: &Namespace, bytes: u64) {
-    for c in [&ns.counters, &shared.totals] {
+fn count_read(state: &ControllerState, ns: &Namespace, bytes: u64) {
+    for c in [&ns.counters, &state.totals] {
         add(&c.read_commands, 1);
         add(&c.bytes_read, bytes);
     }
 }
 
-fn count_write(shared: &Shared, ns: &Namespace, bytes: u64) {
-    for c in [&ns.counters, &shared.totals] {
+fn count_write(state: &ControllerState, ns: &Namespace, bytes: u64) {
+    for c in [&ns.counters, &state.totals] {
         add(&c.write_commands, 1);
         add(&c.bytes_written, bytes);
     }
 }
 
 /// Write-through when the host turned the volatile write cache off.
-fn write_cache_enabled(shared: &Shared) -> bool {
-    crate::lock(&shared.admin).features.volatile_write_cache
+fn write_cache_enabled(state: &ControllerState) -> bool {
+    crate::lock(&state.admin).features.volatile_write_cache
 }
 
-fn read(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
-    let (offset, len) = data_range(shared, ns, cmd)?;
-    let buf = map(shared, cmd, len, Direction::ToHost)?;
+fn read(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
+    let (offset, len) = data_range(state, ns, &f)?;
+    let buf = cx.map_data(len)?;
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
-        let data = scratch.data(n as usize);
+        let data = cx.buffers.transfer(n as usize);
         ns.backend()
             .read_at(offset + done, data)
-            .map_err(|e| backend_error(shared, ns, &e, false))?;
-        let placement = buf.write_to_host_at(&shared.mem, done, data)?;
-        count_data(shared, placement, true);
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Read))?;
+        let placement = buf.write_to_host_at(&state.mem, done, data)?;
+        count_data(state, placement, Direction::ToHost);
         done += n;
     }
-    add(&shared.stats.read_commands, 1);
-    add(&shared.stats.bytes_read, len);
-    count_read(shared, ns, len);
-    Ok(Completion::success())
+    add(&state.stats.read_commands, 1);
+    add(&state.stats.bytes_read, len);
+    count_read(state, ns, len);
+    Ok(Outcome::success())
 }
 
-fn write(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
-    let (offset, len) = data_range(shared, ns, cmd)?;
-    let buf = map(shared, cmd, len, Direction::FromHost)?;
+fn write(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
+    let (offset, len) = data_range(state, ns, &f)?;
+    let buf = cx.map_data(len)?;
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
-        let data = scratch.data(n as usize);
-        let placement = buf.read_from_host_at(&shared.mem, done, data)?;
-        count_data(shared, placement, false);
+        let data = cx.buffers.transfer(n as usize);
+        let placement = buf.read_from_host_at(&state.mem, done, data)?;
+        count_data(state, placement, Direction::FromHost);
         ns.backend()
             .write_at(offset + done, data)
-            .map_err(|e| backend_error(shared, ns, &e, true))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
         done += n;
     }
-    if cmd.cdw12() & FUA != 0 || !write_cache_enabled(shared) {
+    if f.fua || !write_cache_enabled(state) {
         ns.backend()
             .flush()
-            .map_err(|e| backend_error(shared, ns, &e, true))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     }
-    add(&shared.stats.write_commands, 1);
-    add(&shared.stats.bytes_written, len);
-    count_write(shared, ns, len);
-    Ok(Completion::success())
+    add(&state.stats.write_commands, 1);
+    add(&state.stats.bytes_written, len);
+    count_write(state, ns, len);
+    Ok(Outcome::success())
 }
 
-fn compare(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
-    let (offset, len) = data_range(shared, ns, cmd)?;
-    let buf = map(shared, cmd, len, Direction::FromHost)?;
-    add(&shared.stats.compare_commands, 1);
-    count_read(shared, ns, len);
+fn compare(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
+    let (offset, len) = data_range(state, ns, &f)?;
+    let buf = cx.map_data(len)?;
+    add(&state.stats.compare_commands, 1);
+    count_read(state, ns, len);
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
-        let (host, media) = scratch.both(n as usize);
-        let placement = buf.read_from_host_at(&shared.mem, done, host)?;
-        count_data(shared, placement, false);
+        let (host, media) = cx.buffers.host_and_media(n as usize);
+        let placement = buf.read_from_host_at(&state.mem, done, host)?;
+        count_data(state, placement, Direction::FromHost);
         ns.backend()
             .read_at(offset + done, media)
-            .map_err(|e| backend_error(shared, ns, &e, false))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Read))?;
         if host != media {
             return Err(Status::COMPARE_FAILURE);
         }
         done += n;
     }
-    Ok(Completion::success())
+    Ok(Outcome::success())
 }
 
-fn verify(shared: &Shared, ns: &Namespace, cmd: &Command, scratch: &mut Scratch) -> Handled {
+fn verify(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
     // Verify moves no data, so MDTS does not apply; read it all back to
     // find unreadable blocks.
-    let (offset, len) = ns.byte_range(cmd.slba(), u64::from(cmd.nlb()))?;
+    let (offset, len) = ns.byte_range(f.slba, f.blocks())?;
     let mut at = offset;
     while at < offset + len {
         let n = (offset + len - at).min(IO_CHUNK);
-        let chunk = scratch.data(n as usize);
+        let chunk = cx.buffers.transfer(n as usize);
         ns.backend()
             .read_at(at, chunk)
-            .map_err(|e| backend_error(shared, ns, &e, false))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Read))?;
         at += n;
     }
-    add(&shared.stats.verify_commands, 1);
-    count_read(shared, ns, len);
-    Ok(Completion::success())
+    add(&state.stats.verify_commands, 1);
+    count_read(state, ns, len);
+    Ok(Outcome::success())
 }
 
-fn write_zeroes(shared: &Shared, ns: &Namespace, cmd: &Command) -> Handled {
-    let (offset, len) = ns.byte_range(cmd.slba(), u64::from(cmd.nlb()))?;
+fn write_zeroes(cx: &mut CommandContext<'_>, f: WriteZeroes) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
+    let (offset, len) = ns.byte_range(f.slba, f.blocks())?;
     let backend = ns.backend();
-    let result = if cmd.cdw12() & DEALLOCATE != 0 {
+    let result = if f.deac {
         // Deallocated blocks read as zeroes (DLFEAT), so this is exact.
         backend.discard(offset, len)
     } else {
         backend.write_zeroes(offset, len)
     };
-    result.map_err(|e| backend_error(shared, ns, &e, true))?;
-    if cmd.cdw12() & FUA != 0 || !write_cache_enabled(shared) {
+    result.map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
+    if f.fua || !write_cache_enabled(state) {
         backend
             .flush()
-            .map_err(|e| backend_error(shared, ns, &e, true))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     }
-    add(&shared.stats.write_zeroes_commands, 1);
-    for c in [&ns.counters, &shared.totals] {
+    add(&state.stats.write_zeroes_commands, 1);
+    for c in [&ns.counters, &state.totals] {
         add(&c.write_commands, 1);
     }
-    Ok(Completion::success())
+    Ok(Outcome::success())
 }
 
-fn dataset_management(shared: &Shared, ns: &Namespace, cmd: &Command) -> Handled {
-    let ranges = (cmd.cdw10() & 0xff) as usize + 1;
-    let deallocate = cmd.cdw11() & (1 << 2) != 0;
-    let buf = map(shared, cmd, (ranges * 16) as u64, Direction::FromHost)?;
-    let mut raw = vec![0u8; ranges * 16];
-    let placement = buf.read_from_host(&shared.mem, &mut raw)?;
-    count_data(shared, placement, false);
-    add(&shared.stats.dsm_commands, 1);
-    if !deallocate {
+fn dataset_management(cx: &mut CommandContext<'_>, f: DatasetManagement) -> CommandResult {
+    let state = cx.state;
+    let ns = namespace(state, f.nsid)?;
+    let len = f.ranges() * DsmRange::SIZE;
+    let buf = cx.map_data(len as u64)?;
+    let mut raw = vec![0u8; len];
+    let placement = buf.read_from_host(&state.mem, &mut raw)?;
+    count_data(state, placement, Direction::FromHost);
+    add(&state.stats.dsm_commands, 1);
+    if !f.ad {
         // Integral read/write hints only: nothing to do.
-        return Ok(Completion::success());
+        return Ok(Outcome::success());
     }
     // Check every range before touching any.
-    let mut extents = Vec::with_capacity(ranges);
-    for range in raw.chunks_exact(16) {
-        let nlb = u32::from_le_bytes([range[4], range[5], range[6], range[7]]);
-        let mut slba = [0u8; 8];
-        slba.copy_from_slice(&range[8..16]);
-        let slba = u64::from_le_bytes(slba);
-        if nlb == 0 {
+    let mut extents = Vec::with_capacity(f.ranges());
+    let (ranges, _) = raw.as_chunks::<{ DsmRange::SIZE }>();
+    for range in ranges.iter().map(DsmRange::parse) {
+        if range.nlb == 0 {
             continue;
         }
-        extents.push(ns.byte_range(slba, u64::from(nlb))?);
+        extents.push(ns.byte_range(range.slba, u64::from(range.nlb))?);
     }
     for (offset, len) in extents {
         ns.backend().discard(offset, len).map_err(|e| {
-            add(&shared.stats.backend_errors, 1);
+            add(&state.stats.backend_errors, 1);
             tracing::warn!(nsid = ns.nsid(), %e, "deallocate failed");
             Status::INTERNAL_ERROR
         })?;
     }
-    Ok(Completion::success())
+    Ok(Outcome::success())
 }
 
-fn flush(shared: &Shared, cmd: &Command) -> Handled {
-    let targets: Vec<&Namespace> = match cmd.nsid() {
-        NSID_ALL => shared.namespaces.iter().map(|n| n.as_ref()).collect(),
-        nsid => vec![shared.check_nsid(nsid)?.as_ref()],
+fn flush(cx: &mut CommandContext<'_>, f: Flush) -> CommandResult {
+    let state = cx.state;
+    let targets: Vec<&Namespace> = match f.nsid {
+        NSID_ALL => state.namespaces.iter().map(|n| n.as_ref()).collect(),
+        nsid => vec![state.check_nsid(nsid)?.as_ref()],
     };
     for ns in targets {
         ns.backend()
             .flush()
-            .map_err(|e| backend_error(shared, ns, &e, true))?;
+            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     }
-    add(&shared.stats.flush_commands, 1);
-    Ok(Completion::success())
+    add(&state.stats.flush_commands, 1);
+    Ok(Outcome::success())
 }

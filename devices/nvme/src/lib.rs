@@ -4,40 +4,78 @@
 //!
 //! - [`NvmeController`]: BAR0 registers and doorbells, the CMB, reset and
 //!   shutdown, statistics. Register accesses never block on DMA.
-//! - Queue workers (one thread per submission queue) run the admin command
-//!   set ([`admin`](crate::spec::admin) opcodes) and the NVM command set on
-//!   [`Namespace`]s backed by files or memory.
-//! - The controller reaches memory through [`GuestMemory`] (guest RAM via
-//!   the transport) and [`RegionMemory`] (its own CMB); the [`DmaRouter`]
-//!   serves addresses inside the enabled CMB locally.
+//! - Queue workers (one thread per submission queue) run the commands of
+//!   two command tables, admin and NVM I/O, on [`Namespace`]s backed by
+//!   files or memory. A table row holds a command's opcode, name, handler,
+//!   Commands Supported and Effects bits and data direction; see the
+//!   crate's README for how to add a command.
+//! - The controller reaches memory through p2plab-dma's
+//!   [`GuestMemory`](p2plab_dma::GuestMemory) (guest RAM via the
+//!   transport) and [`RegionMemory`](p2plab_dma::RegionMemory) (its own CMB
+//!   and PMR); the [`DmaRouter`] serves addresses inside the enabled CMB or
+//!   PMR locally.
 //!
-//! Tests drive it with [`memory::testing`] fakes: no socket, no QEMU.
+//! Tests drive it with p2plab-dma's `testing` fakes and this crate's
+//! `testing` module (the `testing` feature): no socket, no QEMU.
+//!
+//! # Module dependencies
+//!
+//! No module imports one that (directly or not) imports it back; the test
+//! `tests/module_layers.rs` checks it. From the bottom up, each layer
+//! depends only on layers below it:
+//!
+//! 1. [`spec`], [`registers`], [`config`], [`stats`], [`interrupts`]:
+//!    numbers and plain data
+//! 2. [`command`] (queue entries), [`logs`], [`namespace`], `testing`
+//! 3. [`fields`] (typed command views), [`memory`] (the DMA router)
+//! 4. [`datapointer`] (PRPs, SGLs), [`features`], `queues`
+//! 5. [`identify`], `state` (the controller state every handler works on)
+//! 6. `context`: what a handler gets and returns
+//! 7. `table`: command table rows and dispatch
+//! 8. `io`: the NVM I/O command table and its handlers
+//! 9. `admin`: the admin command table and its handlers (it reads the I/O
+//!    table for the Commands Supported and Effects log)
+//! 10. `worker`: fetch, dispatch through a table, complete
+//! 11. [`controller`]: the register front-end; it hands the state the
+//!     worker's body, so handlers that create queues never import the
+//!     worker
+//! 12. [`server`]: the PCI function over vfio-user
 
 pub mod command;
 pub mod config;
 pub mod controller;
 pub mod datapointer;
 pub mod features;
+pub mod fields;
 pub mod identify;
+pub mod interrupts;
 pub mod logs;
 pub mod memory;
 pub mod namespace;
+pub mod registers;
 pub mod server;
 pub mod spec;
 pub mod stats;
 
 mod admin;
+mod context;
 mod io;
 mod queues;
+mod state;
+mod table;
 mod worker;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 #[cfg(test)]
 mod tests;
 
 pub use command::{Command, CommandBuilder, Completion, CompletionEntry};
 pub use config::{Bar0Layout, ConfigError, ControllerConfig};
-pub use controller::{Interrupts, NvmeController};
-pub use memory::{DmaFault, DmaRouter, GuestMemory, HeapRegion, Placement, RegionMemory};
+pub use controller::NvmeController;
+pub use interrupts::Interrupts;
+pub use memory::{DmaRouter, FileRegion, Placement, PmrSpec};
 pub use namespace::{
     BlockBackend, FileBackend, Namespace, NamespaceError, NamespaceIds, NamespaceSpec,
 };

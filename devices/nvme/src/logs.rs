@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::spec::{admin, aen, io, log, put_u16, put_u32, put_u64, put_u8, Status};
+use crate::spec::{aen, log, put_u16, put_u32, put_u64, put_u8, Status};
 
 /// Error Information log entries kept (Identify ELPE + 1).
 pub const ERROR_LOG_ENTRIES: usize = 64;
@@ -58,6 +58,10 @@ impl ErrorLog {
         d
     }
 }
+
+/// SMART / Health Critical Warning bit 1: a temperature threshold is
+/// crossed.
+pub const CRITICAL_WARNING_TEMPERATURE: u8 = 1 << 1;
 
 /// SMART / Health counters for one namespace or the whole controller.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -120,43 +124,14 @@ pub fn changed_namespaces_page(changed: &BTreeSet<u32>) -> Vec<u8> {
     d
 }
 
-const CSUPP: u32 = 1 << 0;
-const LBCC: u32 = 1 << 1;
-const NCC: u32 = 1 << 2;
-const NIC: u32 = 1 << 3;
-
-/// Commands Supported and Effects (05h) for the NVM command set: exactly
-/// the commands this controller implements.
-pub fn commands_effects_page() -> Vec<u8> {
+/// Commands Supported and Effects (05h) for the NVM command set: one
+/// dword per opcode, admin commands first, then I/O commands. The command
+/// tables supply the dwords, so the page lists exactly what they dispatch.
+pub fn commands_effects_page(admin: &[u32; 256], io: &[u32; 256]) -> Vec<u8> {
     let mut d = vec![0u8; 4096];
-    let admin_cmds = [
-        (admin::DELETE_SQ, CSUPP),
-        (admin::CREATE_SQ, CSUPP),
-        (admin::GET_LOG_PAGE, CSUPP),
-        (admin::DELETE_CQ, CSUPP),
-        (admin::CREATE_CQ, CSUPP),
-        (admin::IDENTIFY, CSUPP),
-        (admin::ABORT, CSUPP),
-        (admin::SET_FEATURES, CSUPP),
-        (admin::GET_FEATURES, CSUPP),
-        (admin::ASYNC_EVENT_REQUEST, CSUPP),
-        (admin::DOORBELL_BUFFER_CONFIG, CSUPP),
-        (admin::FORMAT_NVM, CSUPP | LBCC | NCC | NIC),
-    ];
-    for (op, effects) in admin_cmds {
-        put_u32(&mut d, usize::from(op) * 4, effects);
-    }
-    let io_cmds = [
-        (io::FLUSH, CSUPP | LBCC),
-        (io::WRITE, CSUPP | LBCC),
-        (io::READ, CSUPP),
-        (io::COMPARE, CSUPP),
-        (io::WRITE_ZEROES, CSUPP | LBCC),
-        (io::DATASET_MANAGEMENT, CSUPP | LBCC),
-        (io::VERIFY, CSUPP),
-    ];
-    for (op, effects) in io_cmds {
-        put_u32(&mut d, 1024 + usize::from(op) * 4, effects);
+    for (opcode, (acs, iocs)) in admin.iter().zip(io).enumerate() {
+        put_u32(&mut d, opcode * 4, *acs);
+        put_u32(&mut d, 1024 + opcode * 4, *iocs);
     }
     d
 }
@@ -347,14 +322,17 @@ mod tests {
     }
 
     #[test]
-    fn effects_log_lists_supported_commands() {
-        let page = commands_effects_page();
-        let acs = |op: usize| u32::from_le_bytes(page[op * 4..op * 4 + 4].try_into().unwrap());
-        let iocs =
-            |op: usize| u32::from_le_bytes(page[1024 + op * 4..1028 + op * 4].try_into().unwrap());
-        assert_eq!(acs(0x06), CSUPP);
-        assert_eq!(acs(0x10), 0, "firmware commit not supported");
-        assert_eq!(iocs(0x01), CSUPP | LBCC);
-        assert_eq!(iocs(0x04), 0, "write uncorrectable not supported");
+    fn effects_page_puts_admin_then_io_dwords_by_opcode() {
+        let mut admin = [0u32; 256];
+        let mut io = [0u32; 256];
+        admin[0x06] = 1;
+        admin[0xff] = 0x1f;
+        io[0x01] = 3;
+        let page = commands_effects_page(&admin, &io);
+        let dword = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
+        assert_eq!(page.len(), 4096);
+        assert_eq!((dword(0x06 * 4), dword(0xff * 4)), (1, 0x1f));
+        assert_eq!((dword(1024 + 4), dword(1024 + 8)), (3, 0));
+        assert!(page[2048..].iter().all(|&b| b == 0), "reserved tail");
     }
 }

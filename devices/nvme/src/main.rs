@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use clap::Parser;
+use p2plab_dma::RegionMemory;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::parse_size;
 use p2plab_nvme::server::{nvme_function, PciIds};
-use p2plab_nvme::RegionMemory;
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};

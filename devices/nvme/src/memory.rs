@@ -1,55 +1,19 @@
 //! How the controller reaches memory: guest memory through the transport,
-//! its own Controller Memory Buffer locally, and the router that decides
-//! which one an address belongs to.
+//! its own Controller Memory Buffer and Persistent Memory Region locally,
+//! and the router that decides which one an address belongs to.
 //!
-//! The model only sees the two small traits here, so unit tests run against
-//! in-memory fakes ([`testing`]) and the server binary adapts the transport's
-//! DMA space and shared memory to them.
+//! The traits ([`GuestMemory`], [`RegionMemory`]) and the typed
+//! [`DmaFault`] are p2plab-dma's, shared by every device model; unit tests
+//! run against its in-memory fakes and the server binary hands the
+//! transport's DMA space over as is. What is NVMe-specific stays here: the
+//! CMB/PMR windows ([`DmaRouter`]) and the file-backed PMR ([`FileRegion`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use p2plab_dma::{checked_range, DmaFault, GuestMemory, RegionMemory};
 
 use crate::stats::Stats;
-
-/// A DMA that could not be done: unmapped, out of range, or the transport
-/// failed. Device models turn it into a Data Transfer Error, never a panic.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("DMA fault at {addr:#x}+{len:#x}: {reason}")]
-pub struct DmaFault {
-    pub addr: u64,
-    pub len: u64,
-    pub reason: String,
-}
-
-impl DmaFault {
-    pub fn new(addr: u64, len: u64, reason: impl Into<String>) -> Self {
-        Self {
-            addr,
-            len,
-            reason: reason.into(),
-        }
-    }
-}
-
-/// Guest-physical memory as the device (a bus master) sees it.
-pub trait GuestMemory: Send + Sync {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault>;
-}
-
-/// Memory behind one of the device's own BARs (the CMB), addressed by
-/// offset. The guest may map the same memory directly, so reads and writes
-/// race with guest CPU accesses exactly as on hardware.
-pub trait RegionMemory: Send + Sync {
-    fn size(&self) -> u64;
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault>;
-    /// Makes what was written durable (a persistent memory region backed by
-    /// a file); volatile memory has nothing to do.
-    fn flush(&self) -> Result<(), DmaFault> {
-        Ok(())
-    }
-}
 
 /// Where an access was served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -179,7 +143,7 @@ impl DmaRouter {
     fn pieces(&self, addr: u64, len: u64) -> Result<Vec<(u64, u64, Target)>, DmaFault> {
         let end = addr
             .checked_add(len)
-            .ok_or_else(|| DmaFault::new(addr, len, "address range wraps around"))?;
+            .ok_or_else(|| DmaFault::unmapped(addr, len, "address range wraps around"))?;
         let windows: Vec<(u64, u64, bool)> = [(&self.cmb, true), (&self.pmr, false)]
             .into_iter()
             .filter_map(|(w, is_cmb)| w.span().map(|(b, e, _)| (b, e, is_cmb)))
@@ -293,50 +257,6 @@ impl DmaRouter {
     }
 }
 
-/// A region of plain process memory, used for the CMB when no shared
-/// memory is needed (unit tests) and as a building block of the fakes.
-pub struct HeapRegion {
-    bytes: Mutex<Vec<u8>>,
-    size: u64,
-}
-
-impl HeapRegion {
-    pub fn new(size: usize) -> Self {
-        Self {
-            bytes: Mutex::new(vec![0; size]),
-            size: size as u64,
-        }
-    }
-
-    fn range(&self, offset: u64, len: usize) -> Result<std::ops::Range<usize>, DmaFault> {
-        let end = offset
-            .checked_add(len as u64)
-            .filter(|&end| end <= self.size)
-            .ok_or_else(|| DmaFault::new(offset, len as u64, "outside the region"))?;
-        Ok(offset as usize..end as usize)
-    }
-}
-
-impl RegionMemory for HeapRegion {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let range = self.range(offset, buf.len())?;
-        let bytes = crate::lock(&self.bytes);
-        buf.copy_from_slice(&bytes[range]);
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
-        let range = self.range(offset, data.len())?;
-        let mut bytes = crate::lock(&self.bytes);
-        bytes[range].copy_from_slice(data);
-        Ok(())
-    }
-}
-
 /// A file as device memory: the Persistent Memory Region. QEMU maps the
 /// same file (MAP_SHARED), so pread/pwrite here and guest loads and stores
 /// there meet in the page cache; [`flush`](RegionMemory::flush) is
@@ -395,10 +315,7 @@ impl FileRegion {
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<(), DmaFault> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(DmaFault::new(offset, len as u64, "outside the region")),
-        }
+        checked_range(offset, len, self.size).map(|_| ())
     }
 }
 
@@ -451,7 +368,7 @@ impl RegionMemory for FileRegion {
         self.check(offset, buf.len())?;
         self.file
             .read_exact_at(buf, offset)
-            .map_err(|e| DmaFault::new(offset, buf.len() as u64, e.to_string()))
+            .map_err(|e| DmaFault::io(offset, buf.len() as u64, e.to_string()))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
@@ -459,122 +376,21 @@ impl RegionMemory for FileRegion {
         self.check(offset, data.len())?;
         self.file
             .write_all_at(data, offset)
-            .map_err(|e| DmaFault::new(offset, data.len() as u64, e.to_string()))
+            .map_err(|e| DmaFault::io(offset, data.len() as u64, e.to_string()))
     }
 
     fn flush(&self) -> Result<(), DmaFault> {
         self.file
             .sync_data()
-            .map_err(|e| DmaFault::new(0, self.size, e.to_string()))
-    }
-}
-
-/// Fakes for tests: guest memory as a few heap-backed ranges, and an
-/// interrupt sink that records vectors.
-pub mod testing {
-    use super::*;
-    use crate::controller::Interrupts;
-    use std::sync::Condvar;
-    use std::time::{Duration, Instant};
-
-    /// Guest memory made of heap regions at fixed guest-physical bases;
-    /// everything else faults, like an unmapped range.
-    #[derive(Default)]
-    pub struct FakeGuestMemory {
-        regions: Vec<(u64, HeapRegion)>,
-    }
-
-    impl FakeGuestMemory {
-        pub fn new() -> Self {
-            Self::default()
-        }
-
-        /// Adds `size` bytes of RAM at `base`.
-        pub fn with_region(mut self, base: u64, size: usize) -> Self {
-            self.regions.push((base, HeapRegion::new(size)));
-            self
-        }
-
-        fn find(&self, addr: u64, len: usize) -> Result<(&HeapRegion, u64), DmaFault> {
-            for (base, region) in &self.regions {
-                if let Some(offset) = addr.checked_sub(*base) {
-                    let end = offset.checked_add(len as u64);
-                    if end.is_some_and(|end| end <= region.size()) {
-                        return Ok((region, offset));
-                    }
-                }
-            }
-            Err(DmaFault::new(addr, len as u64, "not mapped"))
-        }
-    }
-
-    impl GuestMemory for FakeGuestMemory {
-        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-            let (region, offset) = self.find(addr, buf.len())?;
-            region.read(offset, buf)
-        }
-
-        fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
-            let (region, offset) = self.find(addr, data.len())?;
-            region.write(offset, data)
-        }
-    }
-
-    /// Records every interrupt and lets a test wait for one.
-    #[derive(Default)]
-    pub struct RecordingInterrupts {
-        fired: Mutex<Vec<u16>>,
-        cond: Condvar,
-    }
-
-    impl RecordingInterrupts {
-        pub fn new() -> Arc<Self> {
-            Arc::new(Self::default())
-        }
-
-        pub fn vectors(&self) -> Vec<u16> {
-            crate::lock(&self.fired).clone()
-        }
-
-        pub fn count(&self, vector: u16) -> usize {
-            crate::lock(&self.fired)
-                .iter()
-                .filter(|&&v| v == vector)
-                .count()
-        }
-
-        /// Waits until `vector` fired more than `seen` times.
-        pub fn wait_for(&self, vector: u16, seen: usize, timeout: Duration) -> bool {
-            let deadline = Instant::now() + timeout;
-            let mut fired = crate::lock(&self.fired);
-            loop {
-                if fired.iter().filter(|&&v| v == vector).count() > seen {
-                    return true;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    return false;
-                }
-                fired = match self.cond.wait_timeout(fired, deadline - now) {
-                    Ok((guard, _)) => guard,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
-            }
-        }
-    }
-
-    impl Interrupts for RecordingInterrupts {
-        fn notify(&self, vector: u16) {
-            crate::lock(&self.fired).push(vector);
-            self.cond.notify_all();
-        }
+            .map_err(|e| DmaFault::io(0, self.size, e.to_string()))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testing::FakeGuestMemory;
     use super::*;
+    use p2plab_dma::testing::FakeGuestMemory;
+    use p2plab_dma::HeapRegion;
 
     fn router() -> DmaRouter {
         let guest = FakeGuestMemory::new().with_region(0x10000, 0x10000);

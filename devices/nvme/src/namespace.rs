@@ -514,12 +514,21 @@ fn put_bytes_slice(buf: &mut [u8], at: usize, bytes: &[u8]) {
     crate::spec::put_bytes(buf, at, bytes);
 }
 
+/// What a command was doing to the media when the backing store failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediaAccess {
+    Read,
+    Write,
+}
+
 /// Maps a backing-store error to the status the spec asks for.
-pub fn io_error_status(error: &io::Error, writing: bool) -> Status {
-    match (writing, error.raw_os_error()) {
-        (true, _) => Status::WRITE_FAULT,
-        (false, Some(libc::EIO)) | (false, None) => Status::UNRECOVERED_READ_ERROR,
-        (false, _) => Status::INTERNAL_ERROR,
+pub fn io_error_status(error: &io::Error, access: MediaAccess) -> Status {
+    match (access, error.raw_os_error()) {
+        (MediaAccess::Write, _) => Status::WRITE_FAULT,
+        (MediaAccess::Read, Some(libc::EIO)) | (MediaAccess::Read, None) => {
+            Status::UNRECOVERED_READ_ERROR
+        }
+        (MediaAccess::Read, _) => Status::INTERNAL_ERROR,
     }
 }
 

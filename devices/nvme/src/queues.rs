@@ -10,10 +10,36 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::command::{encode_cqe, Completion};
-use crate::memory::{DmaFault, DmaRouter};
+use p2plab_dma::DmaFault;
+
+use crate::command::{Completion, CompletionEntry};
+use crate::memory::DmaRouter;
 use crate::spec::{CQE_SIZE, SQE_SIZE};
 use crate::stats::Stats;
+
+/// Which queue of a pair (doorbells and shadow slots come in pairs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueKind {
+    Submission,
+    Completion,
+}
+
+/// Where a queue's entries live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueMemory {
+    /// Guest memory, reached through the transport.
+    Host,
+    /// The controller's own Controller Memory Buffer.
+    Cmb,
+}
+
+/// Whether a completion queue signals its vector (Create I/O Completion
+/// Queue IEN; the admin queue always does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CqInterrupts {
+    Enabled,
+    Disabled,
+}
 
 /// A one-shot wake-up flag with a condition variable.
 ///
@@ -73,10 +99,11 @@ pub(crate) struct Shadow {
 }
 
 impl Shadow {
-    /// Slots of queue `qid` for a submission (`cq = false`) or completion
-    /// queue, with CAP.DSTRD = 0.
-    pub fn for_queue(buffers: (u64, u64), qid: u16, cq: bool) -> Self {
-        let offset = (2 * u64::from(qid) + u64::from(cq)) * 4;
+    /// Slots of queue `qid` of `kind`, with CAP.DSTRD = 0: the same layout
+    /// as the MMIO doorbells.
+    pub fn for_queue(buffers: (u64, u64), qid: u16, kind: QueueKind) -> Self {
+        let cq = u64::from(kind == QueueKind::Completion);
+        let offset = (2 * u64::from(qid) + cq) * 4;
         Self {
             doorbell: buffers.0.wrapping_add(offset),
             event_idx: buffers.1.wrapping_add(offset),
@@ -102,13 +129,13 @@ pub(crate) struct SubmissionQueue {
 }
 
 impl SubmissionQueue {
-    pub fn new(id: u16, cqid: u16, base: u64, entries: u32, in_cmb: bool) -> Self {
+    pub fn new(id: u16, cqid: u16, base: u64, entries: u32, memory: QueueMemory) -> Self {
         Self {
             id,
             cqid,
             base,
             entries,
-            in_cmb,
+            in_cmb: memory == QueueMemory::Cmb,
             tail: AtomicU32::new(0),
             head: AtomicU32::new(0),
             fetched: AtomicU64::new(0),
@@ -205,16 +232,16 @@ impl CompletionQueue {
         base: u64,
         entries: u32,
         vector: u16,
-        irq_enabled: bool,
-        in_cmb: bool,
+        interrupts: CqInterrupts,
+        memory: QueueMemory,
     ) -> Self {
         Self {
             id,
             base,
             entries,
             vector,
-            irq_enabled,
-            in_cmb,
+            irq_enabled: interrupts == CqInterrupts::Enabled,
+            in_cmb: memory == QueueMemory::Cmb,
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
             post: Mutex::new(PostState { phase: true }),
@@ -265,7 +292,9 @@ impl CompletionQueue {
     /// Posts one completion, waiting while the queue is full. The phase
     /// tag flips each time the tail wraps. `cancel` (the submission queue's
     /// stop flag) abandons the wait too: a deleted queue's last completion
-    /// is dropped rather than blocking the deletion forever.
+    /// is dropped rather than blocking the deletion forever. The admin
+    /// queue passes `None`: it is never deleted, only reset, and a reset
+    /// stops the completion queue itself.
     #[allow(clippy::too_many_arguments)]
     pub fn post(
         &self,
@@ -275,11 +304,11 @@ impl CompletionQueue {
         sq_head: u16,
         sqid: u16,
         cid: u16,
-        cancel: &AtomicBool,
+        cancel: Option<&AtomicBool>,
     ) -> Result<(), PostError> {
         let mut state = crate::lock(&self.post);
         loop {
-            if self.stopped() || cancel.load(Ordering::Acquire) {
+            if self.stopped() || cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
                 return Err(PostError::Stopped);
             }
             let tail = self.tail.load(Ordering::Acquire);
@@ -307,7 +336,16 @@ impl CompletionQueue {
             state.phase = !state.phase;
         }
         self.tail.store(next, Ordering::Release);
-        let entry = encode_cqe(completion, sq_head, sqid, cid, phase);
+        let entry = CompletionEntry {
+            dw0: completion.dw0,
+            dw1: completion.dw1,
+            sq_head,
+            sqid,
+            cid,
+            phase,
+            status: completion.status,
+        }
+        .encode();
         let addr = self.base.wrapping_add(u64::from(tail) * CQE_SIZE as u64);
         let placement = mem.write(addr, &entry).map_err(PostError::Fault)?;
         let counter = if placement.cmb > 0 {
@@ -360,9 +398,9 @@ impl QueueTable {
 mod tests {
     use super::*;
     use crate::command::CompletionEntry;
-    use crate::memory::testing::FakeGuestMemory;
-    use crate::memory::GuestMemory;
     use crate::spec::Status;
+    use p2plab_dma::testing::FakeGuestMemory;
+    use p2plab_dma::GuestMemory;
 
     fn router(guest: Arc<FakeGuestMemory>) -> DmaRouter {
         DmaRouter::new(guest, None, Arc::new(Stats::default()))
@@ -379,10 +417,17 @@ mod tests {
         let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
         let mem = router(g.clone());
         let stats = Stats::default();
-        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 3, 1, true, false));
+        let cq = Arc::new(CompletionQueue::new(
+            1,
+            0x1000,
+            3,
+            1,
+            CqInterrupts::Enabled,
+            QueueMemory::Host,
+        ));
         let ok = Completion::success();
-        cq.post(&mem, &stats, &ok, 1, 1, 10, &NO_CANCEL).unwrap();
-        cq.post(&mem, &stats, &ok, 2, 1, 11, &NO_CANCEL).unwrap();
+        cq.post(&mem, &stats, &ok, 1, 1, 10, None).unwrap();
+        cq.post(&mem, &stats, &ok, 2, 1, 11, None).unwrap();
         assert!(read_cqe(&g, 0x1000, 0).phase && read_cqe(&g, 0x1000, 1).phase);
         assert_eq!(read_cqe(&g, 0x1000, 1).cid, 11);
         // Three entries, two posted, head 0: full (one slot stays empty).
@@ -400,7 +445,7 @@ mod tests {
                     3,
                     1,
                     12,
-                    &NO_CANCEL,
+                    None,
                 )
             })
         };
@@ -416,7 +461,7 @@ mod tests {
         assert_eq!((third.cid, third.phase), (12, true));
         assert_eq!(third.status, Status::INVALID_FIELD);
         cq.head.store(3 % 3, Ordering::Release);
-        cq.post(&mem, &stats, &ok, 4, 1, 13, &NO_CANCEL).unwrap();
+        cq.post(&mem, &stats, &ok, 4, 1, 13, None).unwrap();
         let wrapped = read_cqe(&g, 0x1000, 0);
         assert_eq!(
             (wrapped.cid, wrapped.phase),
@@ -427,7 +472,7 @@ mod tests {
 
     #[test]
     fn head_doorbell_cannot_pass_posted_entries() {
-        let cq = CompletionQueue::new(1, 0, 8, 0, true, false);
+        let cq = CompletionQueue::new(1, 0, 8, 0, CqInterrupts::Enabled, QueueMemory::Host);
         cq.tail.store(3, Ordering::Release);
         assert!(cq.head_is_valid(3));
         assert!(cq.head_is_valid(0));
@@ -439,22 +484,35 @@ mod tests {
         assert!(!cq.head_is_valid(5), "going backwards");
     }
 
-    static NO_CANCEL: AtomicBool = AtomicBool::new(false);
-
     #[test]
     fn a_deleted_submission_queue_abandons_a_full_completion_queue() {
         let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
         let mem = router(g);
-        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 2, 1, true, false));
+        let cq = Arc::new(CompletionQueue::new(
+            1,
+            0x1000,
+            2,
+            1,
+            CqInterrupts::Enabled,
+            QueueMemory::Host,
+        ));
         let stats = Stats::default();
-        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, &NO_CANCEL)
+        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, None)
             .unwrap();
         let cancel = Arc::new(AtomicBool::new(false));
         let waiter = {
             let (cq, cancel) = (cq.clone(), cancel.clone());
             std::thread::spawn(move || {
                 let stats = Stats::default();
-                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2, &cancel)
+                cq.post(
+                    &mem,
+                    &stats,
+                    &Completion::success(),
+                    0,
+                    1,
+                    2,
+                    Some(&*cancel),
+                )
             })
         };
         std::thread::sleep(Duration::from_millis(30));
@@ -469,15 +527,22 @@ mod tests {
     fn a_stopped_queue_drops_completions_even_when_full() {
         let g = Arc::new(FakeGuestMemory::new().with_region(0x1000, 0x1000));
         let mem = router(g);
-        let cq = Arc::new(CompletionQueue::new(1, 0x1000, 2, 1, true, false));
+        let cq = Arc::new(CompletionQueue::new(
+            1,
+            0x1000,
+            2,
+            1,
+            CqInterrupts::Enabled,
+            QueueMemory::Host,
+        ));
         let stats = Stats::default();
-        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, &NO_CANCEL)
+        cq.post(&mem, &stats, &Completion::success(), 0, 1, 1, None)
             .unwrap();
         let waiter = {
             let cq = cq.clone();
             std::thread::spawn(move || {
                 let stats = Stats::default();
-                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2, &NO_CANCEL)
+                cq.post(&mem, &stats, &Completion::success(), 0, 1, 2, None)
             })
         };
         std::thread::sleep(Duration::from_millis(30));
@@ -514,7 +579,7 @@ mod tests {
 
     #[test]
     fn shadow_slots_follow_the_doorbell_layout() {
-        let s = Shadow::for_queue((0x10000, 0x20000), 3, true);
+        let s = Shadow::for_queue((0x10000, 0x20000), 3, QueueKind::Completion);
         assert_eq!(s.doorbell, 0x10000 + 28);
         assert_eq!(s.event_idx, 0x20000 + 28);
     }

@@ -1,6 +1,7 @@
 //! The controller as a PCI function served over vfio-user: config space,
-//! BAR dispatch and adapters from the transport's DMA space, shared memory
-//! and interrupt controller to the model's small traits.
+//! BAR dispatch, and the transport's pieces handed to the model: its DMA
+//! space as guest memory (p2plab-dma adapts it), its shared memory as the
+//! CMB, p2plab-pci's interrupt controller as [`Interrupts`].
 //!
 //! BAR0 holds the registers, doorbells and the MSI-X table and PBA (on their
 //! own pages). BAR2, 64-bit prefetchable, is the CMB: a memfd QEMU maps, so
@@ -8,6 +9,7 @@
 
 use std::sync::Arc;
 
+use p2plab_dma::{DmaFault, RegionMemory, SharedRegion};
 use p2plab_pci::{
     BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
     MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
@@ -16,13 +18,11 @@ use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory};
 use tracing::{debug, info};
 
 use crate::config::ControllerConfig;
-pub use crate::controller::PMR_BAR;
-use crate::controller::{Interrupts, NvmeController};
-use crate::memory::{DmaFault, FileRegion, GuestMemory, RegionMemory};
+use crate::controller::NvmeController;
+pub use crate::controller::{CMB_BAR, PMR_BAR};
+use crate::interrupts::Interrupts;
+use crate::memory::FileRegion;
 use crate::namespace::Namespace;
-
-/// BAR holding the CMB (CMBLOC.BIR).
-pub const CMB_BAR: u8 = 2;
 
 /// PCI identity of the function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,55 +46,6 @@ impl Default for PciIds {
             subsystem_id: 0x00fe,
             revision: 1,
         }
-    }
-}
-
-/// Guest memory through the vfio-user DMA space.
-pub struct DmaSpaceMemory(pub DmaSpace);
-
-impl GuestMemory for DmaSpaceMemory {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        // Large reads from fd-less ranges are split by the transport.
-        self.0
-            .read(addr, buf)
-            .map_err(|e| DmaFault::new(addr, buf.len() as u64, e.to_string()))
-    }
-
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
-        self.0
-            .write(addr, data)
-            .map_err(|e| DmaFault::new(addr, data.len() as u64, e.to_string()))
-    }
-}
-
-/// The CMB: the first `size` bytes of the memfd behind BAR2 (the BAR itself
-/// is rounded up to a power of two).
-pub struct SharedCmb {
-    memory: Arc<SharedMemory>,
-    size: u64,
-}
-
-impl SharedCmb {
-    pub fn new(memory: Arc<SharedMemory>, size: u64) -> Self {
-        Self { memory, size }
-    }
-}
-
-impl RegionMemory for SharedCmb {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        self.memory
-            .read_at(offset, buf)
-            .map_err(|e| DmaFault::new(offset, buf.len() as u64, e.to_string()))
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
-        self.memory
-            .write_at(offset, data)
-            .map_err(|e| DmaFault::new(offset, data.len() as u64, e.to_string()))
     }
 }
 
@@ -260,7 +211,7 @@ pub fn nvme_function(
     };
     let cmb: Option<Arc<dyn RegionMemory>> = shared
         .as_ref()
-        .map(|m| Arc::new(SharedCmb::new(Arc::clone(m), cfg.cmb_size)) as Arc<dyn RegionMemory>);
+        .map(|m| Arc::new(SharedRegion::new(Arc::clone(m), cfg.cmb_size)) as Arc<dyn RegionMemory>);
     info!(
         cmb_mib = cfg.cmb_size >> 20,
         bar0 = cfg.bar0_layout().size,
@@ -273,7 +224,7 @@ pub fn nvme_function(
     let controller = NvmeController::with_pmr(
         cfg,
         namespaces,
-        Arc::new(DmaSpaceMemory(dma)),
+        Arc::new(dma),
         cmb,
         pmr_memory,
         Arc::new(PciInterrupts(Arc::clone(&irq))),

@@ -1,152 +1,13 @@
 //! Numbers from the NVMe specifications (base 2.0, NVM command set 1.0):
-//! register offsets and fields, opcodes, status codes, feature and log page
-//! identifiers. Only what this controller uses.
+//! opcodes, status codes, feature, log page and Identify CNS identifiers.
+//! Only what this controller uses. Registers are in
+//! [`registers`](crate::registers), command fields in
+//! [`fields`](crate::fields), and which commands exist (with their names and
+//! effects) in the command tables.
 
 use std::fmt;
 
-/// Controller registers (BAR0), byte offsets.
-pub mod reg {
-    pub const CAP: u64 = 0x00;
-    pub const VS: u64 = 0x08;
-    pub const INTMS: u64 = 0x0c;
-    pub const INTMC: u64 = 0x10;
-    pub const CC: u64 = 0x14;
-    pub const CSTS: u64 = 0x1c;
-    pub const NSSR: u64 = 0x20;
-    pub const AQA: u64 = 0x24;
-    pub const ASQ: u64 = 0x28;
-    pub const ACQ: u64 = 0x30;
-    pub const CMBLOC: u64 = 0x38;
-    pub const CMBSZ: u64 = 0x3c;
-    pub const BPINFO: u64 = 0x40;
-    pub const CMBMSC: u64 = 0x50;
-    pub const CMBSTS: u64 = 0x58;
-    pub const PMRCAP: u64 = 0xe00;
-    pub const PMRCTL: u64 = 0xe04;
-    pub const PMRSTS: u64 = 0xe08;
-    pub const PMREBS: u64 = 0xe0c;
-    pub const PMRSWTP: u64 = 0xe10;
-    pub const PMRMSCL: u64 = 0xe14;
-    pub const PMRMSCU: u64 = 0xe18;
-    /// First doorbell; doorbells are `4 << CAP.DSTRD` bytes apart.
-    pub const DOORBELLS: u64 = 0x1000;
-
-    /// A name for tracing.
-    pub fn name(offset: u64) -> &'static str {
-        match offset & !3 {
-            0x00 => "CAP",
-            0x04 => "CAP.hi",
-            0x08 => "VS",
-            0x0c => "INTMS",
-            0x10 => "INTMC",
-            0x14 => "CC",
-            0x1c => "CSTS",
-            0x20 => "NSSR",
-            0x24 => "AQA",
-            0x28 => "ASQ",
-            0x2c => "ASQ.hi",
-            0x30 => "ACQ",
-            0x34 => "ACQ.hi",
-            0x38 => "CMBLOC",
-            0x3c => "CMBSZ",
-            0x40 => "BPINFO",
-            0x44 => "BPRSEL",
-            0x48 | 0x4c => "BPMBL",
-            0x50 => "CMBMSC",
-            0x54 => "CMBMSC.hi",
-            0x58 => "CMBSTS",
-            0xe00 => "PMRCAP",
-            0xe04 => "PMRCTL",
-            0xe08 => "PMRSTS",
-            0xe0c => "PMREBS",
-            0xe10 => "PMRSWTP",
-            0xe14 => "PMRMSCL",
-            0xe18 => "PMRMSCU",
-            o if o >= DOORBELLS => "doorbell",
-            _ => "reserved",
-        }
-    }
-}
-
-/// CC fields.
-pub mod cc {
-    pub const EN: u32 = 1;
-    pub fn css(cc: u32) -> u32 {
-        (cc >> 4) & 0x7
-    }
-    pub fn mps(cc: u32) -> u32 {
-        (cc >> 7) & 0xf
-    }
-    pub fn ams(cc: u32) -> u32 {
-        (cc >> 11) & 0x7
-    }
-    pub fn shn(cc: u32) -> u32 {
-        (cc >> 14) & 0x3
-    }
-    pub fn iosqes(cc: u32) -> u32 {
-        (cc >> 16) & 0xf
-    }
-    pub fn iocqes(cc: u32) -> u32 {
-        (cc >> 20) & 0xf
-    }
-}
-
-/// CSTS fields.
-pub mod csts {
-    pub const RDY: u32 = 1 << 0;
-    pub const CFS: u32 = 1 << 1;
-    pub const SHST_SHIFT: u32 = 2;
-    pub const SHST_NORMAL: u8 = 0;
-    pub const SHST_OCCURRING: u8 = 1;
-    pub const SHST_COMPLETE: u8 = 2;
-}
-
-/// CMB register fields (NVMe 1.4 scheme).
-pub mod cmb {
-    // CMBLOC
-    pub const LOC_CDPMLS: u32 = 1 << 5;
-    pub const LOC_CDPCILS: u32 = 1 << 6;
-    pub const LOC_OFST_SHIFT: u32 = 12;
-    // CMBSZ
-    pub const SZ_SQS: u32 = 1 << 0;
-    pub const SZ_CQS: u32 = 1 << 1;
-    pub const SZ_LISTS: u32 = 1 << 2;
-    pub const SZ_RDS: u32 = 1 << 3;
-    pub const SZ_WDS: u32 = 1 << 4;
-    pub const SZ_SZU_SHIFT: u32 = 8;
-    pub const SZ_SZ_SHIFT: u32 = 12;
-    /// SZU value for 1 MiB units.
-    pub const SZU_1MIB: u32 = 2;
-    pub const UNIT_1MIB: u64 = 1 << 20;
-    // CMBMSC
-    pub const MSC_CRE: u64 = 1 << 0;
-    pub const MSC_CMSE: u64 = 1 << 1;
-    pub const MSC_CBA_MASK: u64 = !0xfff;
-    // CMBSTS
-    pub const STS_CBAI: u32 = 1 << 0;
-}
-
-/// PMR register fields (NVMe 1.4).
-pub mod pmr {
-    // PMRCAP
-    pub const CAP_RDS: u32 = 1 << 3;
-    pub const CAP_WDS: u32 = 1 << 4;
-    pub const CAP_BIR_SHIFT: u32 = 5;
-    /// PMRWBM bit 1: a read of PMRSTS completes only once earlier writes
-    /// to the PMR are persistent.
-    pub const CAP_WBM_STS_READ: u32 = 0x2 << 10;
-    pub const CAP_TO_SHIFT: u32 = 16;
-    pub const CAP_CMSS: u32 = 1 << 24;
-    // PMRCTL
-    pub const CTL_EN: u32 = 1;
-    // PMRSTS
-    pub const STS_NRDY: u32 = 1 << 8;
-    pub const STS_CBAI: u32 = 1 << 12;
-    // PMRMSCL
-    pub const MSC_CMSE: u32 = 1 << 1;
-}
-
-/// Admin command opcodes.
+/// Admin command opcodes; the admin command table says which are supported.
 pub mod admin {
     pub const DELETE_SQ: u8 = 0x00;
     pub const CREATE_SQ: u8 = 0x01;
@@ -160,38 +21,10 @@ pub mod admin {
     pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
     pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
     pub const FORMAT_NVM: u8 = 0x80;
-
-    pub fn name(opcode: u8) -> &'static str {
-        match opcode {
-            DELETE_SQ => "Delete I/O SQ",
-            CREATE_SQ => "Create I/O SQ",
-            GET_LOG_PAGE => "Get Log Page",
-            DELETE_CQ => "Delete I/O CQ",
-            CREATE_CQ => "Create I/O CQ",
-            IDENTIFY => "Identify",
-            ABORT => "Abort",
-            SET_FEATURES => "Set Features",
-            GET_FEATURES => "Get Features",
-            ASYNC_EVENT_REQUEST => "Asynchronous Event Request",
-            0x0d => "Namespace Management",
-            0x10 => "Firmware Commit",
-            0x11 => "Firmware Image Download",
-            0x14 => "Device Self-test",
-            0x15 => "Namespace Attachment",
-            0x18 => "Keep Alive",
-            0x19 => "Directive Send",
-            0x1a => "Directive Receive",
-            DOORBELL_BUFFER_CONFIG => "Doorbell Buffer Config",
-            FORMAT_NVM => "Format NVM",
-            0x81 => "Security Send",
-            0x82 => "Security Receive",
-            0x84 => "Sanitize",
-            _ => "unknown admin opcode",
-        }
-    }
 }
 
-/// NVM command set I/O opcodes.
+/// NVM command set I/O opcodes; the I/O command table says which are
+/// supported.
 pub mod io {
     pub const FLUSH: u8 = 0x00;
     pub const WRITE: u8 = 0x01;
@@ -200,25 +33,6 @@ pub mod io {
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
     pub const VERIFY: u8 = 0x0c;
-
-    pub fn name(opcode: u8) -> &'static str {
-        match opcode {
-            FLUSH => "Flush",
-            WRITE => "Write",
-            READ => "Read",
-            0x04 => "Write Uncorrectable",
-            COMPARE => "Compare",
-            WRITE_ZEROES => "Write Zeroes",
-            DATASET_MANAGEMENT => "Dataset Management",
-            VERIFY => "Verify",
-            0x0d => "Reservation Register",
-            0x0e => "Reservation Report",
-            0x11 => "Reservation Acquire",
-            0x15 => "Reservation Release",
-            0x19 => "Copy",
-            _ => "unknown I/O opcode",
-        }
-    }
 }
 
 /// Feature identifiers.
@@ -234,6 +48,50 @@ pub mod feature {
     pub const WRITE_ATOMICITY: u8 = 0x0a;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const TIMESTAMP: u8 = 0x0e;
+}
+
+/// Identify Controller or Namespace Structure (CNS) values.
+pub mod cns {
+    /// Identify Namespace for the NVM command set.
+    pub const NAMESPACE: u8 = 0x00;
+    pub const CONTROLLER: u8 = 0x01;
+    /// Active Namespace ID list.
+    pub const ACTIVE_NAMESPACES: u8 = 0x02;
+    /// Namespace Identification Descriptor list.
+    pub const NAMESPACE_DESCRIPTORS: u8 = 0x03;
+    /// I/O Command Set specific Identify Namespace (CSI in CDW11).
+    pub const CSI_NAMESPACE: u8 = 0x05;
+    /// I/O Command Set specific Identify Controller.
+    pub const CSI_CONTROLLER: u8 = 0x06;
+    /// Active Namespace ID list of one I/O Command Set.
+    pub const CSI_ACTIVE_NAMESPACES: u8 = 0x07;
+    /// I/O Command Set Independent Identify Namespace.
+    pub const INDEPENDENT_NAMESPACE: u8 = 0x08;
+}
+
+/// Command Set Identifier of the NVM command set.
+pub const CSI_NVM: u8 = 0x00;
+
+/// Bits of a Commands Supported and Effects dword (NVMe base 2.0,
+/// Commands Supported and Effects Data Structure).
+pub mod effects {
+    /// Command Supported: every command table row has it.
+    pub const CSUPP: u32 = 1 << 0;
+    /// Logical Block Content Change.
+    pub const LBCC: u32 = 1 << 1;
+    /// Namespace Capability Change.
+    pub const NCC: u32 = 1 << 2;
+    /// Namespace Inventory Change.
+    pub const NIC: u32 = 1 << 3;
+    /// Controller Capability Change.
+    pub const CCC: u32 = 1 << 4;
+
+    /// Command Submission and Execution (bits 18:16): 000b no restriction,
+    /// 001b one at a time per namespace, 010b one at a time in the
+    /// subsystem.
+    pub const fn cse(value: u32) -> u32 {
+        (value & 0x7) << 16
+    }
 }
 
 /// Log page identifiers.

@@ -1,14 +1,22 @@
-//! The per-submission-queue worker: fetch, execute, complete, interrupt.
+//! The per-submission-queue worker: fetch, execute through the queue's
+//! command table, complete, interrupt, and the bookkeeping of every
+//! finished command (counters, error log, trace).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::command::Command;
-use crate::controller::Shared;
+use tracing::debug;
+
+use crate::admin::{self, ADMIN_COMMANDS};
+use crate::command::{Command, Completion};
+use crate::context::{BounceBuffers, CommandContext, Outcome};
+use crate::fields::{CommandFields, ReadWrite};
+use crate::io::{self, IO_COMMANDS};
+use crate::logs::ErrorEntry;
 use crate::queues::{CompletionQueue, PostError, SubmissionQueue};
-use crate::spec::SQE_SIZE;
-use crate::{admin, io};
+use crate::spec::{Status, SQE_SIZE};
+use crate::state::ControllerState;
 
 /// Completions posted before the interrupt is signalled even though more
 /// commands are waiting (interrupt batching).
@@ -30,10 +38,10 @@ const POLL: Duration = Duration::from_micros(200);
 
 /// Watches the shadow tail for up to [`POLL`] before EventIdx is armed.
 /// Returns whether there is something to do (new entries, or a stop).
-fn poll_for_tail(shared: &Shared, sq: &SubmissionQueue, head: u32) -> bool {
+fn poll_for_tail(state: &ControllerState, sq: &SubmissionQueue, head: u32) -> bool {
     let start = Instant::now();
     while start.elapsed() < POLL {
-        if sq.stopped() || sq.current_tail(&shared.mem) != head {
+        if sq.stopped() || sq.current_tail(&state.mem) != head {
             return true;
         }
         std::thread::yield_now();
@@ -51,35 +59,9 @@ impl Drop for LiveWorker<'_> {
     }
 }
 
-/// Buffers a worker reuses from command to command.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub data: Vec<u8>,
-    pub other: Vec<u8>,
-}
-
-impl Scratch {
-    /// A `len`-byte buffer; its contents are stale and must be overwritten.
-    pub fn data(&mut self, len: usize) -> &mut [u8] {
-        if self.data.len() < len {
-            self.data.resize(len, 0);
-        }
-        &mut self.data[..len]
-    }
-
-    pub fn both(&mut self, len: usize) -> (&mut [u8], &mut [u8]) {
-        if self.data.len() < len {
-            self.data.resize(len, 0);
-        }
-        if self.other.len() < len {
-            self.other.resize(len, 0);
-        }
-        (&mut self.data[..len], &mut self.other[..len])
-    }
-}
-
-pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<CompletionQueue>) {
-    let _live = LiveWorker(&shared.live_workers);
+/// The worker thread's body (the state's [`QueueWorker`](crate::state::QueueWorker)).
+pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc<CompletionQueue>) {
+    let _live = LiveWorker(&state.live_workers);
     let span = tracing::debug_span!("sq", id = sq.id);
     let _span = span.enter();
     tracing::debug!(
@@ -91,24 +73,29 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
     );
     let mut head = 0u32;
     let mut unsignalled = 0u32;
-    let mut scratch = Scratch::default();
+    let mut buffers = BounceBuffers::default();
+    let execute = if sq.id == 0 {
+        admin::execute
+    } else {
+        io::execute
+    };
     loop {
-        if sq.stopped() || shared.is_fatal() {
+        if sq.stopped() || state.is_fatal() {
             break;
         }
         if sq.id == 0 {
-            admin::deliver_events(&shared, &cq, head as u16);
+            admin::deliver_events(&state, &cq, head as u16);
         }
-        let tail = sq.current_tail(&shared.mem);
+        let tail = sq.current_tail(&state.mem);
         if head == tail {
             if unsignalled > 0 {
-                shared.interrupt(&cq);
+                state.interrupt(&cq);
                 unsignalled = 0;
             }
-            if sq.shadow().is_some() && poll_for_tail(&shared, &sq, head) {
+            if sq.shadow().is_some() && poll_for_tail(&state, &sq, head) {
                 continue;
             }
-            if sq.arm_event_idx(&shared.mem, head) {
+            if sq.arm_event_idx(&state.mem, head) {
                 continue;
             }
             sq.wake.wait(if sq.shadow().is_some() {
@@ -119,17 +106,17 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
             continue;
         }
         let mut raw = [0u8; SQE_SIZE];
-        match shared.mem.read(sq.entry_address(head), &mut raw) {
+        match state.mem.read(sq.entry_address(head), &mut raw) {
             Ok(placement) => {
                 let counter = if placement.cmb > 0 {
-                    &shared.stats.sq_entries_from_cmb
+                    &state.stats.sq_entries_from_cmb
                 } else {
-                    &shared.stats.sq_entries_from_host
+                    &state.stats.sq_entries_from_host
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                shared.set_fatal(&format!("fetching SQ {} entry {head}: {e}", sq.id));
+                state.set_fatal(&format!("fetching SQ {} entry {head}: {e}", sq.id));
                 break;
             }
         }
@@ -138,40 +125,102 @@ pub(crate) fn run(shared: Arc<Shared>, sq: Arc<SubmissionQueue>, cq: Arc<Complet
         sq.fetched.fetch_add(1, Ordering::Relaxed);
         let cmd = Command::from_bytes(raw);
         let started = Instant::now();
-        let completion = if sq.id == 0 {
-            match admin::execute(&shared, &cq, &cmd, head as u16) {
-                Some(c) => c,
-                // Parked (Asynchronous Event Request): completes later.
-                None => continue,
-            }
-        } else {
-            io::execute(&shared, &cmd, &mut scratch)
+        let mut cx = CommandContext::new(&state, &cmd, &cq, head as u16, &mut buffers);
+        let completion = match execute(&mut cx) {
+            Outcome::Complete(c) => c,
+            // Parked (Asynchronous Event Request): completes later.
+            Outcome::Deferred => continue,
         };
-        shared.note_completion(sq.id, &cmd, &completion, started);
+        note_completion(&state, sq.id, &cmd, &completion, started);
         match cq.post(
-            &shared.mem,
-            &shared.stats,
+            &state.mem,
+            &state.stats,
             &completion,
             head as u16,
             sq.id,
             cmd.cid(),
-            &sq.stop,
+            Some(&sq.stop),
         ) {
             Ok(()) => unsignalled += 1,
             Err(PostError::Stopped) => break,
             Err(PostError::Fault(e)) => {
-                shared.set_fatal(&format!("posting to CQ {}: {e}", cq.id));
+                state.set_fatal(&format!("posting to CQ {}: {e}", cq.id));
                 break;
             }
         }
         // Signal now unless more commands are waiting (they were already
         // there, or the host queued some meanwhile): one interrupt then
         // covers several completions.
-        if unsignalled >= MAX_UNSIGNALLED || (head == tail && sq.current_tail(&shared.mem) == head)
-        {
-            shared.interrupt(&cq);
+        if unsignalled >= MAX_UNSIGNALLED || (head == tail && sq.current_tail(&state.mem) == head) {
+            state.interrupt(&cq);
             unsignalled = 0;
         }
     }
     tracing::debug!("queue worker stopped");
+}
+
+/// Bookkeeping for a finished command: counters, error log, tracing.
+fn note_completion(
+    state: &ControllerState,
+    sqid: u16,
+    cmd: &Command,
+    c: &Completion,
+    started: Instant,
+) {
+    let admin_queue = sqid == 0;
+    if admin_queue {
+        state.stats.admin_commands.fetch_add(1, Ordering::Relaxed);
+    } else {
+        state.stats.io_commands.fetch_add(1, Ordering::Relaxed);
+        state
+            .busy_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    // CDW11:10 is the SLBA of the NVM commands that have one; the trace
+    // and the error log report it for every I/O command.
+    let (slba, blocks) = ReadWrite::parse(cmd).map_or((0, 0), |f| (f.slba, f.blocks()));
+    if admin_queue {
+        debug!(
+            sqid,
+            cid = cmd.cid(),
+            opcode = format_args!("{:#04x}", cmd.opcode()),
+            command = ADMIN_COMMANDS.name(cmd.opcode()),
+            nsid = cmd.nsid(),
+            cdw10 = format_args!("{:#x}", cmd.cdw10()),
+            cdw11 = format_args!("{:#x}", cmd.cdw11()),
+            status = %c.status,
+            dw0 = format_args!("{:#x}", c.dw0),
+            "admin command"
+        );
+    } else {
+        debug!(
+            sqid,
+            cid = cmd.cid(),
+            opcode = format_args!("{:#04x}", cmd.opcode()),
+            command = IO_COMMANDS.name(cmd.opcode()),
+            nsid = cmd.nsid(),
+            slba,
+            nlb = blocks,
+            status = %c.status,
+            "I/O command"
+        );
+    }
+    if c.status.is_success() || c.status == Status::ABORT_REQUESTED {
+        return;
+    }
+    state.stats.failed_commands.fetch_add(1, Ordering::Relaxed);
+    if matches!(
+        c.status,
+        Status::WRITE_FAULT | Status::UNRECOVERED_READ_ERROR
+    ) {
+        state.media_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    let lba = if admin_queue { 0 } else { slba };
+    crate::lock(&state.admin).error_log.record(ErrorEntry {
+        sqid,
+        cid: cmd.cid(),
+        status: c.status,
+        nsid: cmd.nsid(),
+        lba,
+    });
 }

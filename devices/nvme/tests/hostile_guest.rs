@@ -7,11 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_nvme::memory::testing::{FakeGuestMemory, RecordingInterrupts};
-use p2plab_nvme::{
-    ControllerConfig, FileBackend, GuestMemory, HeapRegion, Namespace, NamespaceIds,
-    NvmeController, RegionMemory,
-};
+use p2plab_dma::testing::FakeGuestMemory;
+use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
+use p2plab_nvme::testing::RecordingInterrupts;
+use p2plab_nvme::{ControllerConfig, FileBackend, Namespace, NamespaceIds, NvmeController};
 
 const RAM: u64 = 0x1000_0000;
 const RAM_SIZE: usize = 8 << 20;
@@ -101,10 +100,10 @@ impl Lab {
         self.ctrl.write_bar0(offset, &value.to_le_bytes());
     }
 
-    fn wait_ready(&self, want: bool) -> bool {
+    fn wait_ready(&self, want: Ready) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if (self.read32(CSTS) & 1 == 1) == want {
+            if (self.read32(CSTS) & 1 == 1) == (want == Ready::Set) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -116,7 +115,7 @@ impl Lab {
     fn reset_and_enable(&self) {
         self.write32(CC, 0);
         assert!(
-            self.wait_ready(false),
+            self.wait_ready(Ready::Clear),
             "CSTS.RDY did not clear after CC.EN=0"
         );
         let zeros = vec![0u8; 0x2_0000];
@@ -126,7 +125,10 @@ impl Lab {
         self.ctrl.write_bar0(ACQ_REG, &ACQ.to_le_bytes());
         // IOSQES=6, IOCQES=4, EN.
         self.write32(CC, (4 << 20) | (6 << 16) | 1);
-        assert!(self.wait_ready(true), "controller did not become ready");
+        assert!(
+            self.wait_ready(Ready::Set),
+            "controller did not become ready"
+        );
     }
 
     /// Identify Controller into RAM; true when it completes with success.
@@ -153,13 +155,27 @@ impl Lab {
     }
 }
 
+/// CSTS.RDY as awaited.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ready {
+    Set,
+    Clear,
+}
+
+/// Which command set a random command is drawn from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CommandSet {
+    Admin,
+    Io,
+}
+
 /// A random but structurally plausible command in a submission slot.
-fn random_command(rng: &mut Rng, admin: bool) -> [u8; 64] {
+fn random_command(rng: &mut Rng, set: CommandSet) -> [u8; 64] {
     let mut sqe = [0u8; 64];
     for chunk in sqe.chunks_mut(8) {
         chunk.copy_from_slice(&rng.next().to_le_bytes());
     }
-    let opcodes: &[u8] = if admin {
+    let opcodes: &[u8] = if set == CommandSet::Admin {
         &[
             0x00, 0x01, 0x02, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0a, 0x0c, 0x80, 0x7c, 0xff,
         ]
@@ -229,7 +245,7 @@ fn random_commands_never_stop_the_controller() {
         let mut tail = 0u32;
         for round in 0..40 {
             for _ in 0..rng.below(8) + 1 {
-                let sqe = random_command(&mut rng, true);
+                let sqe = random_command(&mut rng, CommandSet::Admin);
                 lab.guest
                     .write(ASQ + u64::from(tail) * 64, &sqe)
                     .expect("place admin command");
@@ -241,7 +257,7 @@ fn random_commands_never_stop_the_controller() {
                 let qid = rng.below(6);
                 let slot = RAM + 0x20_0000 + qid * 0x1_0000 + rng.below(32) * 64;
                 lab.guest
-                    .write(slot, &random_command(&mut rng, false))
+                    .write(slot, &random_command(&mut rng, CommandSet::Io))
                     .expect("place I/O command");
                 lab.write32(DOORBELLS + qid * 8, rng.below(40) as u32);
                 lab.write32(DOORBELLS + qid * 8 + 4, rng.below(40) as u32);

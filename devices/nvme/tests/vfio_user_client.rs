@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
-use p2plab_nvme::spec::{admin, io, reg, Status};
+use p2plab_nvme::registers::reg;
+use p2plab_nvme::spec::{admin, io, Status};
 use p2plab_nvme::{Command, CommandBuilder, CompletionEntry};
 use p2plab_vfio_user::vfio_abi::{VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD};
 use p2plab_vfio_user::{EventFd, SharedMemory};

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::harness::*;
 use crate::command::CommandBuilder;
-use crate::spec::{admin, feature, io, log, reg, Status, NSID_ALL};
+use crate::registers::reg;
+use crate::spec::{admin, feature, io, log, Status, NSID_ALL};
 
 fn identify(cns: u32, nsid: u32) -> crate::Command {
     CommandBuilder::new(admin::IDENTIFY, 0)
@@ -342,16 +343,14 @@ fn features_through_the_queue() {
     assert_eq!(caps.dw0, 0b100, "changeable, not saveable");
 }
 
-fn get_log(lid: u8, nsid: u32, bytes: u32, offset: u64, rae: bool) -> crate::Command {
+/// Get Log Page with RAE clear (reading a log re-arms its event type).
+fn get_log(lid: u8, nsid: u32, bytes: u32, offset: u64) -> crate::Command {
     let numd = bytes / 4 - 1;
     CommandBuilder::new(admin::GET_LOG_PAGE, 0)
         .nsid(nsid)
         .prp1(DATA)
         .prp2(DATA + 0x1000)
-        .cdw(
-            10,
-            u32::from(lid) | ((numd & 0xffff) << 16) | (u32::from(rae) << 15),
-        )
+        .cdw(10, u32::from(lid) | ((numd & 0xffff) << 16))
         .cdw(11, numd >> 16)
         .cdw(12, offset as u32)
         .cdw(13, (offset >> 32) as u32)
@@ -380,7 +379,7 @@ fn log_pages() {
         .build();
     assert_eq!(h.io(1, r).status, Status::SUCCESS);
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, NSID_ALL, 512, 0, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, NSID_ALL, 512, 0)),
         Status::SUCCESS
     );
     let smart = h.peek(DATA, 512);
@@ -392,11 +391,11 @@ fn log_pages() {
     assert_eq!(u64_at(&smart, 80), 3, "host write commands");
     assert_eq!(u64_at(&smart, 112), 1, "power cycles");
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 1, 512, 0, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 1, 512, 0)),
         Status::SUCCESS
     );
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 9, 512, 0, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 9, 512, 0)),
         Status::INVALID_NAMESPACE
     );
 
@@ -409,7 +408,7 @@ fn log_pages() {
     let failed = h.io(1, bad);
     assert_eq!(failed.status, Status::LBA_OUT_OF_RANGE);
     assert_eq!(
-        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 4096, 0, false)),
+        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 4096, 0)),
         Status::SUCCESS
     );
     let e = h.peek(DATA, 64);
@@ -427,7 +426,7 @@ fn log_pages() {
     assert_eq!(u64_at(&e, 16), 1 << 30, "LBA");
 
     assert_eq!(
-        h.admin_status(get_log(log::FIRMWARE_SLOT, 0, 512, 0, false)),
+        h.admin_status(get_log(log::FIRMWARE_SLOT, 0, 512, 0)),
         Status::SUCCESS
     );
     let fw = h.peek(DATA, 16);
@@ -436,7 +435,7 @@ fn log_pages() {
     assert_eq!(&fw[8..8 + rev.len()], rev.as_bytes());
 
     assert_eq!(
-        h.admin_status(get_log(log::COMMANDS_EFFECTS, 0, 4096, 0, false)),
+        h.admin_status(get_log(log::COMMANDS_EFFECTS, 0, 4096, 0)),
         Status::SUCCESS
     );
     let fx = h.peek(DATA, 4096);
@@ -445,29 +444,29 @@ fn log_pages() {
 
     // Offsets: a dword-aligned offset returns the tail of the page.
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 32, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 32)),
         Status::SUCCESS
     );
     assert_eq!(u64_at(&h.peek(DATA, 8), 0), 1);
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 2, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 2)),
         Status::INVALID_FIELD
     );
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 512, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 0, 8, 512)),
         Status::INVALID_FIELD
     );
     assert_eq!(
-        h.admin_status(get_log(0x7f, 0, 512, 0, false)),
+        h.admin_status(get_log(0x7f, 0, 512, 0)),
         Status::INVALID_LOG_PAGE
     );
     assert_eq!(
-        h.admin_status(get_log(log::CHANGED_NAMESPACES, 0, 4096, 0, false)),
+        h.admin_status(get_log(log::CHANGED_NAMESPACES, 0, 4096, 0)),
         Status::SUCCESS
     );
     // MDTS applies to log pages.
     assert_eq!(
-        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 1 << 20, 0, false)),
+        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 1 << 20, 0)),
         Status::INVALID_FIELD
     );
 }
@@ -520,7 +519,7 @@ fn async_event_requests_limit_abort_and_delivery() {
     h.write32(0x1000, 999);
     assert!(h.try_reap(0, Duration::from_millis(100)).is_none());
     assert_eq!(
-        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 64, 0, false)),
+        h.admin_status(get_log(log::ERROR_INFORMATION, 0, 64, 0)),
         Status::SUCCESS
     );
     h.write32(0x1000, 999);
@@ -555,7 +554,7 @@ fn temperature_threshold_below_current_raises_a_smart_event() {
         "SMART, temperature, SMART log"
     );
     assert_eq!(
-        h.admin_status(get_log(log::SMART_HEALTH, 0, 512, 0, false)),
+        h.admin_status(get_log(log::SMART_HEALTH, 0, 512, 0)),
         Status::SUCCESS
     );
     assert_eq!(

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::harness::*;
 use crate::command::CommandBuilder;
-use crate::spec::{admin, io as op, reg, Status};
+use crate::registers::reg;
+use crate::spec::{admin, io as op, Status};
 
 fn read1(h: &mut Host, qid: u16) -> Status {
     let r = CommandBuilder::new(op::READ, 0).nsid(1).prp1(DATA).build();

@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use crate::command::{Command, CommandBuilder, CompletionEntry};
 use crate::config::ControllerConfig;
-use crate::memory::testing::{FakeGuestMemory, RecordingInterrupts};
-use crate::memory::{GuestMemory, HeapRegion, RegionMemory};
 use crate::namespace::{BlockBackend, FileBackend, Namespace, NamespaceIds};
-use crate::spec::{admin, reg, Status};
+use crate::registers::reg;
+use crate::spec::{admin, Status};
+use crate::testing::RecordingInterrupts;
 use crate::NvmeController;
+use p2plab_dma::testing::FakeGuestMemory;
+use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
 
 /// Guest RAM in the fake address space.
 pub const RAM: u64 = 0x10_0000;

@@ -2,6 +2,7 @@
 //! controller through its registers and queues in fake guest memory.
 
 mod admin_cmds;
+mod command_tables;
 mod doorbells;
 mod harness;
 mod io_cmds;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use super::harness::*;
 use crate::command::CommandBuilder;
 use crate::config::ControllerConfig;
-use crate::memory::{DmaFault, HeapRegion, RegionMemory};
-use crate::spec::{io, reg, Status};
+use crate::registers::reg;
+use crate::spec::{io, Status};
+use p2plab_dma::{DmaFault, HeapRegion, RegionMemory};
 
 const PMR_SIZE: u64 = 64 << 10;
 const PMR_GPA: u64 = 0x9000_0000;

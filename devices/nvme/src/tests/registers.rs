@@ -3,7 +3,8 @@
 use super::harness::*;
 use crate::command::CommandBuilder;
 use crate::config::ControllerConfig;
-use crate::spec::{admin, reg, Status};
+use crate::registers::reg;
+use crate::spec::{admin, Status};
 
 #[test]
 fn capabilities_and_version() {

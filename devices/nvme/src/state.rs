@@ -1,0 +1,395 @@
+//! The controller's state, shared by the register front-end
+//! ([`NvmeController`](crate::NvmeController)), the queue workers and the
+//! command handlers. Handlers depend on this module, never on the
+//! controller.
+//!
+//! Locking. `regs` is taken by the socket thread on every register access:
+//! never hold it across DMA or file I/O. `queues` and `admin` are held only
+//! briefly, never across DMA either.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use tracing::{error, warn};
+
+use crate::config::ControllerConfig;
+use crate::features::Features;
+use crate::interrupts::Interrupts;
+use crate::logs::{AsyncEvents, ErrorLog, SmartCounters, CRITICAL_WARNING_TEMPERATURE};
+use crate::memory::DmaRouter;
+use crate::namespace::{Namespace, NamespaceCounters};
+use crate::queues::{CompletionQueue, QueueTable, SubmissionQueue};
+use crate::registers::{Aqa, Cc, CmbMsc, CmbSts, Csts, PmrCtl, PmrMsc, PmrSts, Shst};
+use crate::spec::{Status, NSID_ALL};
+use crate::stats::{
+    CmbSnapshot, ControllerSnapshot, HostMemorySnapshot, NamespaceSnapshot, PmrSnapshot,
+    QueueSnapshot, Stats, StatsSnapshot,
+};
+
+/// Controller registers that are state, not computed.
+#[derive(Debug, Default)]
+pub(crate) struct Regs {
+    pub cc: Cc,
+    /// The admin queue is up (CSTS.RDY while enabled).
+    pub ready: bool,
+    pub shst: Shst,
+    pub aqa: Aqa,
+    pub asq: u64,
+    pub acq: u64,
+    /// INTMS/INTMC: the interrupt mask (unused with MSI-X, kept for reads).
+    pub intms: u32,
+    pub cmbmsc: CmbMsc,
+    pub cmbsts: CmbSts,
+    /// CBA latched by the last CMBMSC write with CRE and CMSE set.
+    pub cba: Option<u64>,
+    /// Where the guest placed the CMB BAR (config space).
+    pub cmb_bar: Option<u64>,
+    pub pmrctl: PmrCtl,
+    pub pmrmsc: PmrMsc,
+    pub pmrsts: PmrSts,
+    /// PMR base address latched by PMRMSCL.CMSE.
+    pub pmr_cba: Option<u64>,
+}
+
+/// State the admin worker owns; others only touch it briefly (error log,
+/// events) and never hold it across DMA.
+pub(crate) struct AdminState {
+    pub features: Features,
+    pub events: AsyncEvents,
+    pub error_log: ErrorLog,
+    /// Shadow doorbell and EventIdx buffers (Doorbell Buffer Config).
+    pub doorbell_buffers: Option<(u64, u64)>,
+    pub changed_namespaces: BTreeSet<u32>,
+    pub queues_created: bool,
+}
+
+impl AdminState {
+    fn new(cfg: &ControllerConfig, namespaces: u32) -> Self {
+        Self {
+            features: Features::new(namespaces, cfg.msix_vectors(), cfg.max_io_queues),
+            events: AsyncEvents::default(),
+            error_log: ErrorLog::default(),
+            doorbell_buffers: None,
+            changed_namespaces: BTreeSet::new(),
+            queues_created: false,
+        }
+    }
+}
+
+/// The body of a queue worker thread: fetch, execute, complete. The
+/// controller supplies it ([`worker::run`](crate::worker)) when it builds
+/// the state, so that the state, and the handlers that create queues, do
+/// not depend on the worker (which depends on them).
+pub(crate) type QueueWorker = fn(Arc<ControllerState>, Arc<SubmissionQueue>, Arc<CompletionQueue>);
+
+pub(crate) struct ControllerState {
+    pub cfg: ControllerConfig,
+    /// CAP, fixed for the controller's lifetime.
+    pub cap: u64,
+    pub regs: Mutex<Regs>,
+    pub queues: Mutex<QueueTable>,
+    /// Queue worker threads alive; CSTS.RDY stays 1 after CC.EN is cleared
+    /// until they have all finished their command and exited.
+    pub live_workers: AtomicUsize,
+    /// CSTS.CFS.
+    pub fatal: AtomicBool,
+    pub mem: DmaRouter,
+    pub irq: Arc<dyn Interrupts>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub admin: Mutex<AdminState>,
+    pub stats: Arc<Stats>,
+    pub started: Instant,
+    pub page_size: AtomicU64,
+    pub power_cycles: AtomicU64,
+    pub busy_nanos: AtomicU64,
+    pub media_errors: AtomicU64,
+    /// Totals of namespaces' counters that survive nothing but are summed
+    /// into the controller-wide SMART log.
+    pub totals: NamespaceCounters,
+    queue_worker: QueueWorker,
+}
+
+impl ControllerState {
+    /// Power-on state: no queues, registers at their reset values.
+    pub fn new(
+        cfg: ControllerConfig,
+        cap: u64,
+        namespaces: Vec<Arc<Namespace>>,
+        mem: DmaRouter,
+        irq: Arc<dyn Interrupts>,
+        stats: Arc<Stats>,
+        queue_worker: QueueWorker,
+    ) -> Self {
+        Self {
+            cap,
+            regs: Mutex::new(Regs::default()),
+            queues: Mutex::new(QueueTable::new(cfg.max_io_queues)),
+            live_workers: AtomicUsize::new(0),
+            fatal: AtomicBool::new(false),
+            mem,
+            irq,
+            admin: Mutex::new(AdminState::new(&cfg, namespaces.len() as u32)),
+            namespaces,
+            stats,
+            started: Instant::now(),
+            page_size: AtomicU64::new(4096),
+            power_cycles: AtomicU64::new(1),
+            busy_nanos: AtomicU64::new(0),
+            media_errors: AtomicU64::new(0),
+            totals: NamespaceCounters::default(),
+            cfg,
+            queue_worker,
+        }
+    }
+
+    pub fn page_size(&self) -> u64 {
+        self.page_size.load(Ordering::Acquire)
+    }
+
+    pub fn is_fatal(&self) -> bool {
+        self.fatal.load(Ordering::Acquire)
+    }
+
+    /// CSTS.CFS: a fatal error that no completion can report.
+    pub fn set_fatal(&self, why: &str) {
+        error!("controller fatal status: {why}");
+        self.fatal.store(true, Ordering::Release);
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        if nsid == 0 {
+            return None;
+        }
+        self.namespaces.get(nsid as usize - 1)
+    }
+
+    pub fn namespace_count(&self) -> u32 {
+        self.namespaces.len() as u32
+    }
+
+    /// Whether a namespace ID is acceptable for commands naming one
+    /// namespace (not 0, not broadcast, attached).
+    pub fn check_nsid(&self, nsid: u32) -> Result<&Arc<Namespace>, Status> {
+        if nsid == NSID_ALL {
+            return Err(Status::INVALID_NAMESPACE);
+        }
+        self.namespace(nsid).ok_or(Status::INVALID_NAMESPACE)
+    }
+
+    /// CSTS as the host reads it.
+    pub fn csts(&self, regs: &Regs) -> Csts {
+        let mut csts = Csts::with_shst(regs.shst);
+        if regs.ready || self.live_workers.load(Ordering::Acquire) > 0 {
+            csts.set(Csts::RDY);
+        }
+        if self.is_fatal() {
+            csts.set(Csts::CFS);
+        }
+        csts
+    }
+
+    /// Makes PMR contents durable.
+    pub fn persist_pmr(&self) {
+        if let Some(pmr) = self.mem.pmr() {
+            if let Err(e) = pmr.flush() {
+                warn!(%e, "PMR flush failed");
+            }
+        }
+    }
+
+    /// Starts a worker thread for `sq`, completing into `cq`.
+    pub fn spawn_worker(
+        self: &Arc<Self>,
+        sq: Arc<SubmissionQueue>,
+        cq: Arc<CompletionQueue>,
+    ) -> io::Result<()> {
+        self.live_workers.fetch_add(1, Ordering::AcqRel);
+        let state = Arc::clone(self);
+        let queue = Arc::clone(&sq);
+        let body = self.queue_worker;
+        let spawned = thread::Builder::new()
+            .name(format!("nvme-sq{}", sq.id))
+            .spawn(move || body(state, queue, cq));
+        match spawned {
+            Ok(handle) => {
+                *crate::lock(&sq.worker) = Some(handle);
+                Ok(())
+            }
+            Err(e) => {
+                self.live_workers.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Controller reset: every queue goes away and its worker is told to
+    /// stop (they exit after their current command; CSTS.RDY drops when
+    /// the last one has). Outstanding Asynchronous Event Requests are
+    /// dropped without completions; features return to their defaults.
+    pub fn stop_queues(&self, regs: &mut Regs) {
+        let was_ready = regs.ready;
+        regs.ready = false;
+        let stopped = crate::lock(&self.queues).stop_all();
+        if was_ready {
+            self.stats.resets.fetch_add(1, Ordering::Relaxed);
+            if regs.shst != Shst::Complete {
+                self.stats.unsafe_shutdowns.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        regs.shst = Shst::Normal;
+        // The worker threads are detached: joining here could wait for a
+        // DMA that needs this very thread to answer.
+        drop(stopped);
+        // The error log and its count survive resets (SMART reports the
+        // lifetime count); everything else starts over.
+        let mut admin = crate::lock(&self.admin);
+        admin.events.reset();
+        admin.features = Features::new(
+            self.namespace_count(),
+            self.cfg.msix_vectors(),
+            self.cfg.max_io_queues,
+        );
+        admin.doorbell_buffers = None;
+        admin.queues_created = false;
+        admin.changed_namespaces.clear();
+        drop(admin);
+        self.fatal.store(false, Ordering::Release);
+    }
+
+    /// Signals the completion queue's vector, if its interrupts are on.
+    pub fn interrupt(&self, cq: &CompletionQueue) {
+        if cq.irq_enabled {
+            self.stats.interrupts.fetch_add(1, Ordering::Relaxed);
+            self.irq.notify(cq.vector);
+        }
+    }
+
+    /// SMART counters for one namespace, or the controller (`None`).
+    pub fn smart_counters(&self, nsid: Option<u32>) -> SmartCounters {
+        let counters = match nsid.and_then(|n| self.namespace(n)) {
+            Some(ns) => &ns.counters,
+            None => &self.totals,
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let admin = crate::lock(&self.admin);
+        let mut warning = 0u8;
+        if admin.features.temperature_alarm() {
+            warning |= CRITICAL_WARNING_TEMPERATURE;
+        }
+        SmartCounters {
+            bytes_read: load(&counters.bytes_read),
+            bytes_written: load(&counters.bytes_written),
+            read_commands: load(&counters.read_commands),
+            write_commands: load(&counters.write_commands),
+            busy_minutes: load(&self.busy_nanos) / 60_000_000_000,
+            power_cycles: load(&self.power_cycles),
+            power_on_hours: self.started.elapsed().as_secs() / 3600,
+            unsafe_shutdowns: self.stats.unsafe_shutdowns.load(Ordering::Relaxed),
+            media_errors: load(&self.media_errors),
+            error_log_entries: admin.error_log.count(),
+            temperature: crate::features::COMPOSITE_TEMPERATURE,
+            critical_warning: warning,
+        }
+    }
+
+    /// Counters and state for the stats file.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let (controller, cmb_bar, cba, cmse, pmr_enabled, pmr_cba) = {
+            let regs = crate::lock(&self.regs);
+            let csts = self.csts(&regs);
+            (
+                ControllerSnapshot {
+                    serial: self.cfg.serial.clone(),
+                    enabled: regs.cc.en(),
+                    ready: csts.rdy(),
+                    cc: regs.cc.0,
+                    csts: csts.0,
+                    shadow_doorbells: false,
+                },
+                regs.cmb_bar,
+                regs.cba,
+                regs.cba.is_some(),
+                regs.pmrctl.en(),
+                regs.pmr_cba,
+            )
+        };
+        let shadow = crate::lock(&self.admin).doorbell_buffers.is_some();
+        let queues: Vec<QueueSnapshot> = {
+            let table = crate::lock(&self.queues);
+            table
+                .sqs
+                .iter()
+                .flatten()
+                .map(|sq| QueueSnapshot {
+                    sqid: sq.id,
+                    cqid: sq.cqid,
+                    entries: sq.entries,
+                    base: sq.base,
+                    in_cmb: sq.in_cmb,
+                    cq_in_cmb: table.cq(sq.cqid).is_some_and(|cq| cq.in_cmb),
+                    fetched: sq.fetched.load(Ordering::Relaxed),
+                })
+                .collect()
+        };
+        let c = self.stats.counters();
+        StatsSnapshot {
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            controller: ControllerSnapshot {
+                shadow_doorbells: shadow,
+                ..controller
+            },
+            pmr: PmrSnapshot {
+                size: self.cfg.pmr_size,
+                enabled: pmr_enabled,
+                cba: pmr_cba,
+                dma_read_bytes: c.pmr_read_bytes,
+                dma_write_bytes: c.pmr_write_bytes,
+            },
+            cmb: CmbSnapshot {
+                size: self.cfg.cmb_size,
+                bar_address: cmb_bar,
+                cmse,
+                cba,
+                sq_entries_fetched: c.sq_entries_from_cmb,
+                cq_entries_posted: c.cq_entries_to_cmb,
+                io_sqs_created: c.io_sqs_created_in_cmb,
+                io_cqs_created: c.io_cqs_created_in_cmb,
+                data_bytes_to: c.data_to_cmb_bytes,
+                data_bytes_from: c.data_from_cmb_bytes,
+                dma_read_bytes: c.cmb_read_bytes,
+                dma_write_bytes: c.cmb_write_bytes,
+            },
+            host: HostMemorySnapshot {
+                sq_entries_fetched: c.sq_entries_from_host,
+                cq_entries_posted: c.cq_entries_to_host,
+                io_sqs_created: c.io_sqs_created_in_host,
+                io_cqs_created: c.io_cqs_created_in_host,
+                data_bytes_to: c.data_to_host_bytes,
+                data_bytes_from: c.data_from_host_bytes,
+                dma_read_bytes: c.host_read_bytes,
+                dma_write_bytes: c.host_write_bytes,
+                dma_faults: c.dma_faults,
+            },
+            queues,
+            namespaces: self
+                .namespaces
+                .iter()
+                .map(|ns| NamespaceSnapshot {
+                    nsid: ns.nsid(),
+                    block_size: ns.block_size(),
+                    blocks: ns.blocks(),
+                    backing: ns.backend().describe(),
+                    read_commands: ns.counters.read_commands.load(Ordering::Relaxed),
+                    write_commands: ns.counters.write_commands.load(Ordering::Relaxed),
+                    bytes_read: ns.counters.bytes_read.load(Ordering::Relaxed),
+                    bytes_written: ns.counters.bytes_written.load(Ordering::Relaxed),
+                })
+                .collect(),
+            counters: c,
+        }
+    }
+}
