@@ -47,7 +47,6 @@
 #define BOUNCE_SIZE		(1024 * 1024)
 #define DEFAULT_TIMEOUT_MS	30000
 #define IDLE_TIMEOUT_US		(5 * USEC_PER_SEC)
-#define REGS_SIZE		4096
 
 #ifndef PCI_IRQ_INTX
 #define PCI_IRQ_INTX PCI_IRQ_LEGACY
@@ -302,7 +301,7 @@ static int submit_and_wait(struct p2plab_gpu *gpu, struct gpu_job_ctx **ctxp, u8
 	slot->src = cpu_to_le64(src);
 	slot->dst = cpu_to_le64(dst);
 	slot->len = cpu_to_le64(len);
-	slot->completion = cpu_to_le64(ctx->record_dma);
+	slot->completion_addr = cpu_to_le64(ctx->record_dma);
 	gpu->tail = (gpu->tail + 1) & (gpu->ring_entries - 1);
 	/* writel orders the ring entry before the doorbell. */
 	writel(gpu->tail, gpu->regs + REG_DOORBELL);
@@ -717,13 +716,13 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	ret = pci_request_mem_regions(pdev, DRV_NAME);
 	if (ret)
 		goto err_disable;
-	if (pci_resource_len(pdev, P2PLAB_GPU_REGS_BAR) < REGS_SIZE ||
+	if (pci_resource_len(pdev, P2PLAB_GPU_REGS_BAR) < P2PLAB_GPU_REGS_BAR_SIZE ||
 	    !(pci_resource_flags(pdev, P2PLAB_GPU_VRAM_BAR) & IORESOURCE_MEM)) {
 		dev_err(&pdev->dev, "unexpected BAR layout\n");
 		ret = -ENODEV;
 		goto err_release;
 	}
-	gpu->regs = pci_iomap(pdev, P2PLAB_GPU_REGS_BAR, REGS_SIZE);
+	gpu->regs = pci_iomap(pdev, P2PLAB_GPU_REGS_BAR, P2PLAB_GPU_REGS_BAR_SIZE);
 	if (!gpu->regs) {
 		ret = -ENOMEM;
 		goto err_release;

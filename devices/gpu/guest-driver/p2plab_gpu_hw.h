@@ -3,8 +3,10 @@
  * p2plab GPU-like device: hardware interface (BAR0 registers, ring entry
  * and completion record layout, status codes).
  *
- * Mirrors devices/gpu/src/regs.rs, the device's own definition; change both
- * together. README.md in devices/gpu documents the semantics.
+ * The device's own definitions are in devices/gpu/src (regs.rs, command.rs,
+ * status.rs, engine/opcodes.rs); devices/gpu/tests/guest_header/ checks
+ * every define and struct field here against them, both ways, so change
+ * both together. README.md in devices/gpu documents the semantics.
  */
 #ifndef P2PLAB_GPU_HW_H
 #define P2PLAB_GPU_HW_H
@@ -15,6 +17,7 @@
 #define P2PLAB_GPU_DEVICE_ID		0x4750
 
 #define P2PLAB_GPU_REGS_BAR		0
+#define P2PLAB_GPU_REGS_BAR_SIZE	4096
 #define P2PLAB_GPU_VRAM_BAR		2
 
 #define P2PLAB_GPU_ID_MAGIC		0x50324750
@@ -77,7 +80,7 @@ struct p2plab_gpu_hw_cmd {
 	__le64 src;
 	__le64 dst;
 	__le64 len;
-	__le64 completion;
+	__le64 completion_addr;
 	__le64 reserved1[2];
 };
 

@@ -3,23 +3,33 @@
 //! - BAR0: trapped control registers ([`regs`]).
 //! - BAR2: VRAM, a sparse memfd QEMU maps directly ([`vram`]).
 //! - BAR4: MSI-X table and PBA (owned by the PCI layer).
-//! - A copy/fill/checksum engine that consumes a command ring in guest
-//!   memory or VRAM on its own thread ([`model`]).
+//! - A copy/fill/checksum engine that consumes a command ring ([`command`])
+//!   in guest memory or VRAM on its own thread ([`engine`], driven by the
+//!   opcode table in [`engine::opcodes`]).
 //!
-//! The model is a plain state machine over two small traits,
-//! [`GuestMemory`] and [`InterruptSink`], so it is tested without a socket
-//! or QEMU. The `p2plab-gpu` binary wires it to the vfio-user transport.
+//! The model ([`Gpu`]) is a plain state machine over two ports,
+//! [`p2plab_dma::GuestMemory`] and [`InterruptSink`], so it is tested
+//! without a socket or QEMU. The `p2plab-gpu` binary wires it to the
+//! vfio-user transport.
 
+mod bits;
 pub mod cli;
 pub mod command;
 pub mod crc32c;
+mod device;
+pub mod engine;
 pub mod model;
 pub mod pci;
+mod register_file;
 pub mod regs;
 pub mod stats;
+pub mod status;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod vram;
 
-pub use model::{DmaError, Gpu, GuestMemory, InterruptSink, StatsReader};
-pub use pci::{gpu_function, DmaSpaceMemory, GpuError, GpuFunction, GpuIds};
+pub use device::{BusMaster, InterruptSink};
+pub use model::{Gpu, StatsReader};
+pub use pci::{gpu_function, GpuError, GpuFunction, GpuIds};
 pub use stats::{Stats, StatsSnapshot};
 pub use vram::Vram;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
-use p2plab_gpu::{gpu_function, DmaSpaceMemory, GpuIds, StatsReader, Vram};
+use p2plab_gpu::{gpu_function, GpuIds, StatsReader, Vram};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::{info, info_span};
@@ -66,7 +66,9 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     };
     let vram = Vram::new(args.vram_size).context("cannot create the VRAM memfd")?;
     let dma = DmaSpace::new();
-    let mut function = gpu_function(&ids, vram, Arc::new(DmaSpaceMemory(dma.clone())))?;
+    // The engine reaches guest memory through the transport's DMA space
+    // (mmapped guest RAM, messages for peer BARs, our own VRAM window).
+    let mut function = gpu_function(&ids, vram, Arc::new(dma.clone()))?;
     function.model_mut().serve_vram_locally(dma.clone());
     let stats = function.model().gpu().stats_reader();
 

@@ -14,13 +14,15 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+/// BAR2's memory: a sealed sparse memfd of the BAR's size.
 #[derive(Debug)]
 pub struct Vram {
     fd: OwnedFd,
     size: u64,
 }
 
-fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+/// A libc return value, or the errno it stands for.
+fn syscall_result(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -28,7 +30,8 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn to_off(offset: u64) -> io::Result<libc::off_t> {
+/// A byte offset as a file offset (`EOVERFLOW` past `off_t`).
+fn file_offset(offset: u64) -> io::Result<libc::off_t> {
     libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
 }
 
@@ -39,18 +42,18 @@ impl Vram {
         let name: &CStr = c"p2plab-gpu-vram";
         // SAFETY: memfd_create takes a valid NUL-terminated name and flags;
         // it returns a new fd or -1.
-        let raw = cvt(unsafe {
+        let raw = syscall_result(unsafe {
             libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         })?;
         // SAFETY: `raw` is a fresh fd owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: ftruncate on a valid fd with a checked length.
-        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), to_off(size)?) })?;
+        syscall_result(unsafe { libc::ftruncate(fd.as_raw_fd(), file_offset(size)?) })?;
         // Nobody (QEMU included) may change the size under a live mapping:
         // a shrink would turn guest accesses into SIGBUS in QEMU.
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl F_ADD_SEALS on a valid memfd created with ALLOW_SEALING.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+        syscall_result(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
         Ok(Self { fd, size })
     }
 
@@ -85,7 +88,7 @@ impl Vram {
         self.check(offset, buf.len())?;
         let mut done = 0usize;
         while let Some(rest) = buf.get_mut(done..).filter(|r| !r.is_empty()) {
-            let at = to_off(offset + done as u64)?;
+            let at = file_offset(offset + done as u64)?;
             // SAFETY: pread into a live, writable buffer of `rest.len()` bytes.
             let n = unsafe {
                 libc::pread(
@@ -116,7 +119,7 @@ impl Vram {
         self.check(offset, buf.len())?;
         let mut done = 0usize;
         while let Some(rest) = buf.get(done..).filter(|r| !r.is_empty()) {
-            let at = to_off(offset + done as u64)?;
+            let at = file_offset(offset + done as u64)?;
             // SAFETY: pwrite from a live buffer of `rest.len()` bytes.
             let n =
                 unsafe { libc::pwrite(self.fd.as_raw_fd(), rest.as_ptr().cast(), rest.len(), at) };
@@ -145,12 +148,12 @@ impl Vram {
             return Ok(());
         }
         // SAFETY: fallocate on a valid fd with a range checked against the size.
-        cvt(unsafe {
+        syscall_result(unsafe {
             libc::fallocate(
                 self.fd.as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                to_off(offset)?,
-                to_off(len)?,
+                file_offset(offset)?,
+                file_offset(len)?,
             )
         })?;
         Ok(())
@@ -160,7 +163,7 @@ impl Vram {
     pub fn allocated_bytes(&self) -> io::Result<u64> {
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: fstat fills the stat buffer for a valid fd.
-        cvt(unsafe { libc::fstat(self.fd.as_raw_fd(), st.as_mut_ptr()) })?;
+        syscall_result(unsafe { libc::fstat(self.fd.as_raw_fd(), st.as_mut_ptr()) })?;
         // SAFETY: fstat succeeded, so the buffer is initialised.
         let st = unsafe { st.assume_init() };
         Ok((st.st_blocks as u64).saturating_mul(512))

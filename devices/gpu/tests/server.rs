@@ -9,11 +9,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_gpu::command::{Command, Completion};
+use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
 use p2plab_gpu::crc32c::crc32c;
+use p2plab_gpu::engine::opcodes::op;
 use p2plab_gpu::pci::config_space;
 use p2plab_gpu::regs::*;
-use p2plab_gpu::{gpu_function, DmaSpaceMemory, GpuIds, Vram};
+use p2plab_gpu::status::StatusCode;
+use p2plab_gpu::{gpu_function, GpuIds, Vram};
 use p2plab_vfio_user::vfio_abi::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
@@ -28,6 +30,18 @@ const DATA_OFF: u64 = 1 << 20;
 const VRAM_SIZE: u64 = 256 << 20;
 /// Where the test "BIOS" places BAR2.
 const BAR2_GPA: u64 = 0x80_0000_0000;
+
+// Config space as firmware programs it, spelled out so the test checks
+// the server's layout instead of reusing it.
+const COMMAND: u64 = 0x04;
+const COMMAND_MEMORY_AND_BUS_MASTER: u16 = 0b110;
+const BAR2_LOW: u64 = 0x18;
+const BAR2_HIGH: u64 = 0x1c;
+const BAR_MEM64_PREFETCHABLE: u32 = 0b1100;
+const CAP_ID_MSIX: u8 = 0x11;
+const MSIX_CONTROL: u64 = 2;
+const MSIX_CONTROL_ENABLE: u16 = 1 << 15;
+const MSIX_ENTRY_VECTOR_CONTROL: u64 = 12;
 
 fn socket_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("p2plab-gpu-test-{}", std::process::id()));
@@ -51,21 +65,33 @@ struct Guest {
 }
 
 impl Guest {
-    fn write32(&mut self, reg: u64, value: u32) {
+    fn write32(&mut self, reg: Reg, value: u32) {
+        self.write_dword(reg, Half::Low, value);
+    }
+
+    fn write_dword(&mut self, reg: Reg, half: Half, value: u32) {
         self.client
-            .region_write(0, reg, &value.to_le_bytes())
+            .region_write(
+                REGS_BAR.into(),
+                reg.dword_offset(half),
+                &value.to_le_bytes(),
+            )
             .unwrap();
     }
 
-    fn read32(&mut self, reg: u64) -> u32 {
+    fn read32(&mut self, reg: Reg) -> u32 {
         let mut b = [0u8; 4];
-        self.client.region_read(0, reg, &mut b).unwrap();
+        self.client
+            .region_read(REGS_BAR.into(), reg.offset(), &mut b)
+            .unwrap();
         u32::from_le_bytes(b)
     }
 
-    fn read64(&mut self, reg: u64) -> u64 {
+    fn read64(&mut self, reg: Reg) -> u64 {
         let mut b = [0u8; 8];
-        self.client.region_read(0, reg, &mut b).unwrap();
+        self.client
+            .region_read(REGS_BAR.into(), reg.offset(), &mut b)
+            .unwrap();
         u64::from_le_bytes(b)
     }
 
@@ -79,7 +105,7 @@ impl Guest {
     fn run(&mut self, mut cmd: Command, irq: &EventFd) -> Completion {
         self.fence += 1;
         cmd.fence = self.fence;
-        cmd.flags = CMD_FLAG_IRQ | CMD_FLAG_COMPLETION;
+        cmd.flags = CommandFlags::IRQ | CommandFlags::COMPLETION;
         cmd.completion_addr = RAM_GPA + RECORD_OFF;
         self.ram
             .write_at(RECORD_OFF, &[0; COMPLETION_SIZE])
@@ -91,11 +117,11 @@ impl Guest {
             )
             .unwrap();
         self.tail = (self.tail + 1) % 16;
-        self.write32(REG_DOORBELL, self.tail);
+        self.write32(Reg::Doorbell, self.tail);
         // The MSI-X eventfd fires when the command retires.
         wait_until("MSI-X", || irq.read().is_ok());
-        assert_eq!(self.read64(REG_FENCE_LO), self.fence);
-        self.write32(REG_INT_STATUS, INT_ALL);
+        assert_eq!(self.read64(Reg::Fence), self.fence);
+        self.write32(Reg::IntStatus, IntCauses::ALL.raw());
         let mut record = [0u8; COMPLETION_SIZE];
         self.ram.read_at(RECORD_OFF, &mut record).unwrap();
         let record = Completion::decode(&record);
@@ -109,12 +135,8 @@ fn client_drives_the_engine_through_the_server() {
     let path = socket_path("gpu.sock");
     let ids = GpuIds::default();
     let dma = DmaSpace::new();
-    let mut function = gpu_function(
-        &ids,
-        Vram::new(VRAM_SIZE).unwrap(),
-        Arc::new(DmaSpaceMemory(dma.clone())),
-    )
-    .unwrap();
+    let mut function =
+        gpu_function(&ids, Vram::new(VRAM_SIZE).unwrap(), Arc::new(dma.clone())).unwrap();
     function.model_mut().serve_vram_locally(dma.clone());
     let stats = function.model().gpu().stats_reader();
     let server = Server::new(ServerConfig::new(&path), dma.clone()).unwrap();
@@ -132,7 +154,7 @@ fn client_drives_the_engine_through_the_server() {
     };
 
     // VRAM is offered as an fd the client maps, like QEMU does.
-    let bar2 = guest.client.region(2).expect("BAR2");
+    let bar2 = guest.client.region(VRAM_BAR.into()).expect("BAR2");
     assert_eq!(bar2.size, VRAM_SIZE);
     assert!(bar2.flags & VFIO_REGION_INFO_FLAG_MMAP != 0);
     let vram_file = bar2
@@ -142,20 +164,21 @@ fn client_drives_the_engine_through_the_server() {
         .file()
         .try_clone()
         .unwrap();
-    let mut id = [0u8; 4];
-    guest.client.region_read(0, REG_ID, &mut id).unwrap();
-    assert_eq!(u32::from_le_bytes(id), ID_MAGIC);
+    assert_eq!(guest.read32(Reg::Id), ID_MAGIC);
 
     // "Firmware": place BAR2, enable memory decode and bus mastering,
     // enable MSI-X and unmask vector 0.
-    guest.config_write(0x18, &(BAR2_GPA as u32 | 0xc).to_le_bytes());
-    guest.config_write(0x1c, &((BAR2_GPA >> 32) as u32).to_le_bytes());
-    guest.config_write(4, &0x0006u16.to_le_bytes());
+    guest.config_write(
+        BAR2_LOW,
+        &(BAR2_GPA as u32 | BAR_MEM64_PREFETCHABLE).to_le_bytes(),
+    );
+    guest.config_write(BAR2_HIGH, &((BAR2_GPA >> 32) as u32).to_le_bytes());
+    guest.config_write(COMMAND, &COMMAND_MEMORY_AND_BUS_MASTER.to_le_bytes());
     let msix_cap = config_space(&ids, VRAM_SIZE)
         .unwrap()
-        .capability_offset(0x11)
+        .capability_offset(CAP_ID_MSIX)
         .unwrap() as u64;
-    guest.config_write(msix_cap + 2, &0x8000u16.to_le_bytes());
+    guest.config_write(msix_cap + MSIX_CONTROL, &MSIX_CONTROL_ENABLE.to_le_bytes());
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     guest
         .client
@@ -169,7 +192,11 @@ fn client_drives_the_engine_through_the_server() {
         .unwrap();
     guest
         .client
-        .region_write(4, 12, &0u32.to_le_bytes())
+        .region_write(
+            MSIX_BAR.into(),
+            MSIX_ENTRY_VECTOR_CONTROL,
+            &0u32.to_le_bytes(),
+        )
         .unwrap();
 
     // Guest RAM shared with the server.
@@ -180,12 +207,13 @@ fn client_drives_the_engine_through_the_server() {
     wait_until("DMA map", || dma.mapping_count() == 1);
 
     // Driver: ring in guest RAM, interrupts on.
-    guest.write32(REG_RING_BASE_LO, RAM_GPA as u32);
-    guest.write32(REG_RING_BASE_HI, (RAM_GPA >> 32) as u32);
-    guest.write32(REG_RING_SIZE, 16);
-    guest.write32(REG_INT_MASK, 0);
-    guest.write32(REG_RING_CTRL, RING_CTRL_ENABLE);
-    assert_eq!(guest.read32(REG_STATUS) & STATUS_HALTED, 0);
+    guest.write_dword(Reg::RingBase, Half::Low, RAM_GPA as u32);
+    guest.write_dword(Reg::RingBase, Half::High, (RAM_GPA >> 32) as u32);
+    guest.write32(Reg::RingSize, 16);
+    guest.write32(Reg::IntMask, 0);
+    guest.write32(Reg::RingCtrl, RingCtrl::ENABLE.raw());
+    let status = Status::from_raw(guest.read32(Reg::Status));
+    assert!(!status.contains(Status::HALTED), "{status:?}");
 
     // Host -> VRAM.
     let data: Vec<u8> = (0..(3u32 << 20) / 2)
@@ -194,7 +222,7 @@ fn client_drives_the_engine_through_the_server() {
     guest.ram.write_at(DATA_OFF, &data).unwrap();
     let record = guest.run(
         Command {
-            opcode: OP_COPY_TO_VRAM,
+            opcode: op::COPY_TO_VRAM,
             src: RAM_GPA + DATA_OFF,
             dst: 4096,
             len: data.len() as u64,
@@ -202,7 +230,7 @@ fn client_drives_the_engine_through_the_server() {
         },
         &irq,
     );
-    assert_eq!(record.status, STATUS_OK);
+    assert_eq!(record.status, StatusCode::Ok.code());
     let mut seen = vec![0u8; data.len()];
     vram_file.read_exact_at(&mut seen, 4096).unwrap();
     assert_eq!(seen, data, "the client's view of VRAM has the data");
@@ -211,7 +239,7 @@ fn client_drives_the_engine_through_the_server() {
     vram_file.write_all_at(b"123456789", 100 << 20).unwrap();
     let record = guest.run(
         Command {
-            opcode: OP_CHECKSUM,
+            opcode: op::CHECKSUM,
             src: 100 << 20,
             len: 9,
             ..Command::default()
@@ -221,7 +249,7 @@ fn client_drives_the_engine_through_the_server() {
     assert_eq!(record.result, 0xe306_9283);
     let record = guest.run(
         Command {
-            opcode: OP_CHECKSUM,
+            opcode: op::CHECKSUM,
             src: 4096,
             len: data.len() as u64,
             ..Command::default()
@@ -234,7 +262,7 @@ fn client_drives_the_engine_through_the_server() {
     let back_off = DATA_OFF + (4 << 20);
     let record = guest.run(
         Command {
-            opcode: OP_COPY_FROM_VRAM,
+            opcode: op::COPY_FROM_VRAM,
             src: 4096,
             dst: RAM_GPA + back_off,
             len: data.len() as u64,
@@ -242,7 +270,7 @@ fn client_drives_the_engine_through_the_server() {
         },
         &irq,
     );
-    assert_eq!(record.status, STATUS_OK);
+    assert_eq!(record.status, StatusCode::Ok.code());
     let mut back = vec![0u8; data.len()];
     guest.ram.read_at(back_off, &mut back).unwrap();
     assert_eq!(back, data);
@@ -251,7 +279,7 @@ fn client_drives_the_engine_through_the_server() {
     // not by a DMA message to the client.
     let record = guest.run(
         Command {
-            opcode: OP_COPY_FROM_VRAM,
+            opcode: op::COPY_FROM_VRAM,
             src: 4096,
             dst: BAR2_GPA + (200 << 20),
             len: 8192,
@@ -259,7 +287,7 @@ fn client_drives_the_engine_through_the_server() {
         },
         &irq,
     );
-    assert_eq!(record.status, STATUS_OK);
+    assert_eq!(record.status, StatusCode::Ok.code());
     let mut copy = vec![0u8; 8192];
     vram_file.read_exact_at(&mut copy, 200 << 20).unwrap();
     assert_eq!(copy, data[..8192]);
@@ -271,7 +299,7 @@ fn client_drives_the_engine_through_the_server() {
     // A bad command reports an error and raises the interrupt too.
     let record = guest.run(
         Command {
-            opcode: OP_FILL,
+            opcode: op::FILL,
             dst: VRAM_SIZE - 8,
             len: 16,
             pattern: 1,
@@ -279,7 +307,7 @@ fn client_drives_the_engine_through_the_server() {
         },
         &irq,
     );
-    assert_eq!(record.status, ERR_VRAM_RANGE);
+    assert_eq!(record.status, StatusCode::VramRange.code());
 
     let s = stats.snapshot();
     assert_eq!(s.bytes_host_to_vram, data.len() as u64);

@@ -1,0 +1,144 @@
+//! One handler per row of the opcode table. Each runs a command whose
+//! operands were already checked against its row, in steps of
+//! [`STEP_BYTES`], and gives up between steps once the command is
+//! abandoned.
+
+use crate::command::Command;
+use crate::crc32c::Crc32c;
+use crate::stats::Stats;
+use crate::status::StatusCode;
+
+use super::{data_fault_status, Engine, Outcome, STEP_BYTES};
+
+/// Splits `len` bytes into steps: (offset, size) pairs.
+fn steps(len: u64) -> impl DoubleEndedIterator<Item = (u64, usize)> {
+    let step = STEP_BYTES as u64;
+    (0..len.div_ceil(step)).map(move |i| {
+        let off = i * step;
+        (off, (len - off).min(step) as usize)
+    })
+}
+
+impl Engine {
+    pub(super) fn nop(&mut self, _cmd: &Command) -> Outcome {
+        Outcome::ok(0)
+    }
+
+    pub(super) fn copy_to_vram(&mut self, cmd: &Command) -> Outcome {
+        for (off, n) in steps(cmd.len) {
+            if self.abandoned() {
+                return Outcome::Abandoned;
+            }
+            let buf = &mut self.step_buf[..n];
+            if let Err(fault) = self.device.memory.read(cmd.src + off, buf) {
+                tracing::warn!(error = %fault, "COPY_TO_VRAM: guest read failed");
+                return Outcome::failed(data_fault_status(&fault));
+            }
+            if let Err(e) = self.device.vram.write(cmd.dst + off, buf) {
+                tracing::warn!(error = %e, "COPY_TO_VRAM: VRAM write failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            Stats::add(&self.device.stats.bytes_host_to_vram, n as u64);
+        }
+        Outcome::ok(0)
+    }
+
+    pub(super) fn copy_from_vram(&mut self, cmd: &Command) -> Outcome {
+        for (off, n) in steps(cmd.len) {
+            if self.abandoned() {
+                return Outcome::Abandoned;
+            }
+            let buf = &mut self.step_buf[..n];
+            if let Err(e) = self.device.vram.read(cmd.src + off, buf) {
+                tracing::warn!(error = %e, "COPY_FROM_VRAM: VRAM read failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            if let Err(fault) = self.device.memory.write(cmd.dst + off, buf) {
+                tracing::warn!(error = %fault, "COPY_FROM_VRAM: guest write failed");
+                return Outcome::failed(data_fault_status(&fault));
+            }
+            Stats::add(&self.device.stats.bytes_vram_to_host, n as u64);
+        }
+        Outcome::ok(0)
+    }
+
+    pub(super) fn copy_vram(&mut self, cmd: &Command) -> Outcome {
+        // memmove: when the destination overlaps the tail of the source,
+        // copy back to front so no byte is overwritten before it is read.
+        let backwards = cmd.dst > cmd.src && cmd.dst < cmd.src + cmd.len;
+        let order: Vec<(u64, usize)> = if backwards {
+            steps(cmd.len).rev().collect()
+        } else {
+            steps(cmd.len).collect()
+        };
+        for (off, n) in order {
+            if self.abandoned() {
+                return Outcome::Abandoned;
+            }
+            let buf = &mut self.step_buf[..n];
+            let vram = &self.device.vram;
+            if let Err(e) = vram
+                .read(cmd.src + off, buf)
+                .and_then(|()| vram.write(cmd.dst + off, buf))
+            {
+                tracing::warn!(error = %e, "COPY_VRAM failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            Stats::add(&self.device.stats.bytes_vram_to_vram, n as u64);
+        }
+        Outcome::ok(0)
+    }
+
+    pub(super) fn fill(&mut self, cmd: &Command) -> Outcome {
+        if cmd.pattern == 0 {
+            // Zero fill gives the pages back instead of writing zeros.
+            if let Err(e) = self.device.vram.zero(cmd.dst, cmd.len) {
+                tracing::warn!(error = %e, "FILL: hole punch failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            Stats::add(&self.device.stats.bytes_filled, cmd.len);
+            return Outcome::ok(0);
+        }
+        // STEP_BYTES is a multiple of 4, so every step starts at pattern
+        // byte 0.
+        let pattern = cmd.pattern.to_le_bytes();
+        if self.pattern_buf.len() != STEP_BYTES {
+            self.pattern_buf = vec![0; STEP_BYTES];
+        }
+        for (i, byte) in self.pattern_buf.iter_mut().enumerate() {
+            *byte = pattern[i % 4];
+        }
+        for (off, n) in steps(cmd.len) {
+            if self.abandoned() {
+                return Outcome::Abandoned;
+            }
+            if let Err(e) = self
+                .device
+                .vram
+                .write(cmd.dst + off, &self.pattern_buf[..n])
+            {
+                tracing::warn!(error = %e, "FILL: VRAM write failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            Stats::add(&self.device.stats.bytes_filled, n as u64);
+        }
+        Outcome::ok(0)
+    }
+
+    pub(super) fn checksum(&mut self, cmd: &Command) -> Outcome {
+        let mut crc = Crc32c::new();
+        for (off, n) in steps(cmd.len) {
+            if self.abandoned() {
+                return Outcome::Abandoned;
+            }
+            let buf = &mut self.step_buf[..n];
+            if let Err(e) = self.device.vram.read(cmd.src + off, buf) {
+                tracing::warn!(error = %e, "CHECKSUM: VRAM read failed");
+                return Outcome::failed(StatusCode::VramIo);
+            }
+            crc.update(buf);
+            Stats::add(&self.device.stats.bytes_checksummed, n as u64);
+        }
+        Outcome::ok(crc.finish())
+    }
+}

@@ -1,0 +1,13 @@
+//! The device model driven the way a guest driver drives it: register
+//! writes, ring entries in "guest memory", fences and interrupts. No socket,
+//! no QEMU. `rig` is the fake guest; each other module is one area.
+
+mod rig;
+
+mod command_errors;
+mod commands;
+mod fences;
+mod registers;
+mod reset;
+mod ring_errors;
+mod robustness;
