@@ -18,7 +18,14 @@ use crate::setup;
 use crate::topology::{Placeholders, Topology};
 
 /// Kernel command line every boot gets; user extras follow it.
-pub const BASE_CMDLINE: &str = "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init";
+///
+/// `pci=no_e820`: with the AMD-vendor `-cpu max`, QEMU reserves the
+/// HyperTransport hole (0xfd00000000-0xffffffffff) in the e820 map, and the
+/// firmware puts the 64-bit PCI window inside it. Linux keeps the firmware's
+/// assignments at boot but clips new ones against e820, so a device
+/// re-plugged with `device_add` would get no 64-bit BAR (no CMB, no VRAM:
+/// "BAR 2 ...: can't assign; no space"). See README "Hot unplug".
+pub const BASE_CMDLINE: &str = "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820";
 
 /// Exit status of the launcher when the lab itself failed (not the guest
 /// command): the same convention as `docker run`.
@@ -226,8 +233,14 @@ pub fn tail(path: &Path, lines: usize) -> String {
 pub struct Lab {
     pub paths: LabPaths,
     pub run_dir: PathBuf,
-    servers: Vec<LabProcess>,
-    qemu: Option<LabProcess>,
+    /// The topology as started (placeholders expanded, extra server
+    /// arguments added): what `start_server` and `device_json` use again.
+    pub topology: Topology,
+    pub(crate) servers: Vec<LabProcess>,
+    pub(crate) qemu: Option<LabProcess>,
+    /// Passed to every server start, restarts included.
+    log_level: Option<String>,
+    lifetime: Lifetime,
     /// Left running on purpose (`--keep`): dropping must not tidy up.
     detached: bool,
 }
@@ -236,6 +249,13 @@ impl Lab {
     /// Runs the lab as `options` says and returns when it is over (or, with
     /// `Mode::Keep`, when the guest is up and the command has run).
     pub fn run(options: &LabOptions) -> Result<Outcome> {
+        Self::start(options)?.finish(options)
+    }
+
+    /// Starts the servers and QEMU and returns at once, with the guest
+    /// booting: the caller may act on the running lab (see `control`) and
+    /// then waits with [`Lab::finish`].
+    pub fn start(options: &LabOptions) -> Result<Lab> {
         interrupted();
         let mut paths = LabPaths::discover()?;
         if let Some(state) = &options.state {
@@ -275,69 +295,78 @@ impl Lab {
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
         }
-        let mut lab = Lab {
-            paths,
-            run_dir,
-            servers: Vec::new(),
-            qemu: None,
-            detached: false,
-        };
         let lifetime = match options.mode {
             Mode::Keep(_) => Lifetime::Detached,
             _ => Lifetime::TiedToLauncher,
         };
-        lab.start_servers(&topology, options, lifetime)?;
-        lab.start_qemu(&topology, options, lifetime)?;
-        lab.finish(options)
-    }
-
-    fn start_servers(
-        &mut self,
-        topology: &Topology,
-        options: &LabOptions,
-        lifetime: Lifetime,
-    ) -> Result<()> {
-        for spec in &topology.servers {
-            let binary = self.paths.server_binary(&spec.binary)?;
-            let socket = self.run_dir.join(format!("{}.sock", spec.id));
-            let stderr_log = self.run_dir.join(format!("{}.stderr", spec.id));
-            let mut command = Command::new(&binary);
-            command
-                .args(&spec.args)
-                .arg("--socket")
-                .arg(&socket)
-                .arg("--log-file")
-                .arg(self.run_dir.join(format!("{}.log", spec.id)))
-                .arg("--stats-file")
-                .arg(self.run_dir.join(format!("{}.stats.json", spec.id)));
-            if let Some(level) = &options.log_level {
-                command.arg("--log-level").arg(level);
-            }
-            std::fs::write(
-                self.run_dir.join(format!("{}.cmdline", spec.id)),
-                shell_words(&command),
-            )?;
-            let mut server = LabProcess::spawn(&spec.id, command, &stderr_log, lifetime)?;
-            wait_for_socket(&mut server, &socket, &stderr_log)?;
+        let mut lab = Lab {
+            paths,
+            run_dir,
+            topology,
+            servers: Vec::new(),
+            qemu: None,
+            log_level: options.log_level.clone(),
+            lifetime,
+            detached: false,
+        };
+        let ids: Vec<String> = lab.topology.servers.iter().map(|s| s.id.clone()).collect();
+        for id in &ids {
+            let server = lab.spawn_server(id)?;
+            lab.servers.push(server);
             if options.verbose {
                 progress(format_args!(
-                    "{} ({}) listening on {}",
-                    spec.id,
-                    spec.binary,
-                    socket.display()
+                    "{id} listening on {}",
+                    lab.run_dir.join(format!("{id}.sock")).display()
                 ));
             }
-            self.servers.push(server);
         }
-        Ok(())
+        lab.start_qemu(options)?;
+        Ok(lab)
     }
 
-    fn start_qemu(
-        &mut self,
-        topology: &Topology,
-        options: &LabOptions,
-        lifetime: Lifetime,
-    ) -> Result<()> {
+    /// Starts the server of device `id` as the topology says and waits for
+    /// its socket. Its log and stats files are the run folder's
+    /// `<id>.log`/`<id>.stats.json` (a restarted server appends to the log).
+    pub(crate) fn spawn_server(&self, id: &str) -> Result<LabProcess> {
+        let Some(spec) = self.topology.server(id) else {
+            bail!(
+                "topology {} has no device server {id:?}",
+                self.topology.name
+            );
+        };
+        let binary = self.paths.server_binary(&spec.binary)?;
+        let socket = self.run_dir.join(format!("{id}.sock"));
+        let stderr_log = self.run_dir.join(format!("{id}.stderr"));
+        // A socket left by a server that was killed would pass for the new
+        // one's before it binds.
+        if std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
+            std::fs::remove_file(&socket)
+                .with_context(|| format!("removing the stale {}", socket.display()))?;
+        }
+        let mut command = Command::new(&binary);
+        command
+            .args(&spec.args)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--log-file")
+            .arg(self.run_dir.join(format!("{id}.log")))
+            .arg("--stats-file")
+            .arg(self.run_dir.join(format!("{id}.stats.json")));
+        if let Some(level) = &self.log_level {
+            command.arg("--log-level").arg(level);
+        }
+        std::fs::write(
+            self.run_dir.join(format!("{id}.cmdline")),
+            shell_words(&command),
+        )?;
+        let mut server = LabProcess::spawn(id, command, &stderr_log, self.lifetime)?;
+        wait_for_socket(&mut server, &socket, &stderr_log)?;
+        Ok(server)
+    }
+
+    fn start_qemu(&mut self, options: &LabOptions) -> Result<()> {
+        let lifetime = self.lifetime;
+        let topology = &self.topology;
         let run = &self.run_dir;
         let initramfs = setup::boot_initramfs(&self.paths)?;
         let kernel = options
@@ -433,8 +462,9 @@ impl Lab {
         Ok(())
     }
 
-    /// Waits for the run to end (or, when kept, for the command) and tidies up.
-    fn finish(mut self, options: &LabOptions) -> Result<Outcome> {
+    /// Waits for the run to end (or, when kept, for the command) and tidies
+    /// up. `options` must be the ones the lab was started with.
+    pub fn finish(mut self, options: &LabOptions) -> Result<Outcome> {
         let mut outcome = Outcome {
             run_dir: self.run_dir.clone(),
             status: None,

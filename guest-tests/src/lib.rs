@@ -5,9 +5,13 @@
 
 pub mod attach;
 pub mod console;
+pub mod control;
+pub mod elf;
 pub mod lab;
 pub mod paths;
 pub mod process;
+pub mod qemu_fix;
+pub mod qmp;
 pub mod setup;
 pub mod topology;
 

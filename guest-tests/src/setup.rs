@@ -55,6 +55,12 @@ pub fn ensure_guest_env(paths: &LabPaths) -> Result<()> {
             bail!("the guest environment has no {}", needed.display());
         }
     }
+    if let crate::qemu_fix::UnplugFix::Unrecognized(why) = crate::qemu_fix::ensure(paths)? {
+        tracing::warn!(
+            "QEMU left as it is ({why}); if it is 11.1, device_del of a vfio-user-pci \
+             device aborts it (README \"Hot unplug\")"
+        );
+    }
     Ok(())
 }
 

@@ -175,6 +175,34 @@ impl Topology {
     pub fn server_mut(&mut self, id: &str) -> Option<&mut ServerSpec> {
         self.servers.iter_mut().find(|s| s.id == id)
     }
+
+    pub fn server(&self, id: &str) -> Option<&ServerSpec> {
+        self.servers.iter().find(|s| s.id == id)
+    }
+
+    /// The JSON `-device` value whose `"id"` is `id`: what QMP `device_add`
+    /// takes to plug that device again.
+    pub fn device_json(&self, id: &str) -> Result<serde_json::Value> {
+        let mut args = self.qemu_args.iter();
+        while let Some(arg) = args.next() {
+            if arg != "-device" {
+                continue;
+            }
+            let Some(value) = args.next() else { break };
+            if !value.starts_with('{') {
+                continue;
+            }
+            let device: serde_json::Value = serde_json::from_str(value)
+                .with_context(|| format!("-device {value}: not valid JSON"))?;
+            if device["id"] == id {
+                return Ok(device);
+            }
+        }
+        bail!(
+            "topology {} has no JSON -device with id {id:?} (device_add needs the JSON form)",
+            self.name
+        )
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +214,18 @@ mod tests {
             run: PathBuf::from("/r"),
             state: PathBuf::from("/s"),
         }
+    }
+
+    #[test]
+    fn finds_a_device_json_by_id() {
+        let text = "#@server nvme0 p2plab-nvme\n-device pcie-root-port,id=rp0\n\
+                    -device {\"driver\":\"vfio-user-pci\",\"id\":\"nvme0\",\"bus\":\"dn0\",\"socket\":{\"type\":\"unix\",\"path\":\"@RUN@/nvme0.sock\"}}\n";
+        let t = Topology::parse("lab", text, &vars()).unwrap();
+        let device = t.device_json("nvme0").unwrap();
+        assert_eq!(device["bus"], "dn0");
+        assert_eq!(device["socket"]["path"], "/r/nvme0.sock");
+        let err = t.device_json("rp0").unwrap_err().to_string();
+        assert!(err.contains("JSON form"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 
-use p2plab_harness::{Lab, LabOptions, Mode};
+use p2plab_guest_tests::{Lab, LabOptions, Mode};
 
 const SCRIPT: &str = r#"set -u
 echo "QUOTES=it's \"quoted\" $((6 * 7))"
@@ -131,13 +131,15 @@ fn keep_leaves_the_lab_up_until_stop() {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
         .collect();
     assert_eq!(pids.len(), 3, "qemu, nvme0 and gpu0 stay up");
-    assert!(pids.iter().all(|&p| p2plab_harness::process::pid_alive(p)));
+    assert!(pids
+        .iter()
+        .all(|&p| p2plab_guest_tests::process::pid_alive(p)));
     assert!(
         run.join("console.sock").exists(),
         "the console can be attached"
     );
 
-    p2plab_harness::lab::stop_kept(run).expect("stop");
+    p2plab_guest_tests::lab::stop_kept(run).expect("stop");
     std::thread::sleep(std::time::Duration::from_millis(200));
     for pid in pids {
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

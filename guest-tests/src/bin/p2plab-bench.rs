@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use p2plab_harness::{Lab, LabOptions, Mode};
+use p2plab_guest_tests::{Lab, LabOptions, Mode};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use p2plab_harness::lab::{stop_kept, LAB_FAILURE};
-use p2plab_harness::{Lab, LabOptions, LabPaths, Mode};
+use p2plab_guest_tests::lab::{stop_kept, LAB_FAILURE};
+use p2plab_guest_tests::{Lab, LabOptions, LabPaths, Mode};
 
 /// Boot the p2plab guest with the emulated NVMe (CMB) and GPU devices
 /// attached through vfio-user, behind one PCIe switch.
@@ -92,7 +92,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
-        Err(err) if err.is::<p2plab_harness::lab::Interrupted>() => {
+        Err(err) if err.is::<p2plab_guest_tests::lab::Interrupted>() => {
             eprintln!("p2plab: {err:#}");
             ExitCode::from(130)
         }
@@ -116,13 +116,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(dir) = cli.attach {
-        p2plab_harness::attach::attach(&run_folder(dir)?)?;
+        p2plab_guest_tests::attach::attach(&run_folder(dir)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     if cli.setup_only {
         let paths = LabPaths::discover()?;
-        p2plab_harness::setup::ensure_guest_env(&paths)?;
-        p2plab_harness::setup::ensure_overlay(&paths)?;
+        p2plab_guest_tests::setup::ensure_guest_env(&paths)?;
+        p2plab_guest_tests::setup::ensure_overlay(&paths)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mode = match (cli.keep, cli.exec) {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use p2plab_harness::{Lab, LabOptions, Mode, Outcome};
+use p2plab_guest_tests::{Lab, LabOptions, Mode, Outcome};
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
 /// the suites check outcomes, never speed.

@@ -1,0 +1,489 @@
+//! Issue 13 end to end: GPUDirect Storage with p2plab-gds. Files on ext4
+//! and xfs are read into and written from GPU memory by `p2plab-gdsio`
+//! (and by a C program linked against libp2plab_gds); every transfer is
+//! verified with the GPU's CRC32C engine against the CPU's CRC of the
+//! file, and the JSON each run prints says which path moved the bytes
+//! and why. Two boots: the lab (both file systems, one after the other on
+//! nvme0n1) and separate-root-ports (compat mode, topology).
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{run_guest, Boot, GuestRun};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+/// Guest side: one function per file system; every p2plab-gdsio run
+/// leaves its JSON in /run/p2plab/gds/<fs>-<name>.json (the host reads
+/// it from the run folder) and its exit status as a fact.
+const LAB_SCRIPT: &str = r#"
+set -u
+by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
+gpu_bdf=$(by_class 0x030200 | head -n1)
+sed -n 3p /sys/bus/pci/devices/$gpu_bdf/resource | { read start end flags; echo "GPU_BAR2_START=$start"; echo "GPU_BAR2_END=$end"; }
+ns=$(p2plab-nvme-ns 1)
+out=/run/p2plab/gds
+mkdir -p $out /mnt/gds
+m=/mnt/gds
+
+# run NAME ARGS...: p2plab-gdsio ARGS --json, kept as $FS-NAME.json.
+run() {
+  local name=$1; shift
+  p2plab-gdsio "$@" --json > $out/$FS-$name.json 2> $out/$FS-$name.err
+  echo "${FS^^}_${name^^}_STATUS=$?"
+}
+
+phase() {
+  FS=$1
+  case $FS in
+    ext4) mkfs.ext4 -q -F -E nodiscard $ns ;;
+    xfs) mkfs.xfs -q -f -K $ns ;;
+  esac
+  echo "${FS^^}_MKFS=$?"
+  mount -t $FS $ns $m; echo "${FS^^}_MOUNT=$?"
+  dd if=/dev/urandom of=$m/data bs=1M count=32 status=none
+  head -c 10000 /dev/urandom > $m/short
+  # 16 MiB with data only in [4 MiB, 8 MiB).
+  truncate -s 16M $m/sparse
+  dd if=/dev/urandom of=$m/sparse bs=1M seek=4 count=4 conv=notrunc status=none
+  head -c 10000 /dev/urandom > $m/log
+  head -c 8192 /dev/urandom > $m/log2
+  sync
+
+  run aligned_read read --file $m/data --size 32M --io-size 1M --threads 2 --verify
+  run nodirect_read read --file $m/data --size 8M --no-direct --verify
+  run aligned_write write --file $m/new --size 16M --io-size 1M --threads 2 --seed 3 --verify
+  run overwrite write --file $m/data --file-offset 8M --size 8M --seed 7 --verify
+  run unaligned_file read --file $m/data --file-offset 1000 --size 1M --verify
+  run unaligned_gpu read --file $m/data --gpu-offset 1 --size 1M --verify
+  run unaligned_len read --file $m/data --size 1000000 --io-size 1000000 --verify
+  run sparse read --file $m/sparse --size 16M --io-size 16M --verify
+  run short read --file $m/short --size 1M --verify
+  run append write --file $m/log --file-offset 10000 --size 5000 --io-size 5000 --verify
+  run append_mode write --file $m/log2 --append --size 4096 --verify
+  run devmap read --file $m/data --buffer devmap --size 1M --verify
+  run forced read --file $m/data --size 1M --force-compat --verify
+  p2plab-gds-read-verify $m/data 4194304 > $out/$FS-c.txt 2>&1
+  echo "${FS^^}_C_STATUS=$?"
+  sed "s/^C_/${FS^^}_C_/" $out/$FS-c.txt
+  if [ $FS = ext4 ]; then
+    # data=journal: O_DIRECT is accepted at open but statx says it would
+    # go through the page cache.
+    umount $m && mount -t ext4 -o data=journal $ns $m
+    echo "EXT4_JOURNAL_MOUNT=$?"
+    run journal read --file $m/data --size 2M --verify
+  fi
+  umount $m; echo "${FS^^}_UMOUNT=$?"
+}
+
+phase ext4
+phase xfs
+# A file on tmpfs: no PCI device behind it.
+FS=tmpfs
+head -c 2097152 /dev/urandom > /tmp/gds-tmpfs
+run read read --file /tmp/gds-tmpfs --verify
+echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|refcount_t')"
+exit 0
+"#;
+
+/// The separate-root-ports topology: the kernel refuses P2P between nvme0
+/// and the GPU, so everything runs in compat mode and says why.
+const REFUSED_SCRIPT: &str = r#"
+set -u
+ns=$(p2plab-nvme-ns 1)
+out=/run/p2plab/gds
+mkdir -p $out /mnt/gds
+m=/mnt/gds
+FS=ext4
+run() {
+  local name=$1; shift
+  p2plab-gdsio "$@" --json > $out/$FS-$name.json 2> $out/$FS-$name.err
+  echo "${FS^^}_${name^^}_STATUS=$?"
+}
+mkfs.ext4 -q -F -E nodiscard $ns; echo "EXT4_MKFS=$?"
+mount -t ext4 $ns $m; echo "EXT4_MOUNT=$?"
+dd if=/dev/urandom of=$m/data bs=1M count=8 status=none
+sync
+dmesg -C
+p2plab-gdsio info --file $m/data --json > $out/$FS-info.json; echo "EXT4_INFO_STATUS=$?"
+run read read --file $m/data --size 8M --io-size 1M --verify
+run write write --file $m/new --size 4M --io-size 1M --verify
+p2plab-gds-read-verify $m/data 1048576 > $out/$FS-c.txt 2>&1
+echo "EXT4_C_STATUS=$?"
+sed "s/^C_/EXT4_C_/" $out/$FS-c.txt
+echo "REFUSED_DMESG=$(dmesg | grep -c 'cannot be used for peer-to-peer DMA')"
+umount $m
+exit 0
+"#;
+
+/// One p2plab-gdsio run's JSON, from the run folder.
+fn gdsio(run: &GuestRun, fs: &str, name: &str) -> Value {
+    let key = format!("{}_{}_STATUS", fs.to_uppercase(), name.to_uppercase());
+    let text = run.file(&format!("guest/gds/{fs}-{name}.json"));
+    let err = run.file(&format!("guest/gds/{fs}-{name}.err"));
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{fs}-{name}.json is not JSON ({e}): {text:?}; stderr: {err}"));
+    assert_eq!(run.fact(&key), "0", "{fs} {name} exit status: {v}\n{err}");
+    v
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+/// Calls per compat reason, as the run reported them.
+fn reasons(v: &Value) -> BTreeMap<String, u64> {
+    v["reasons"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no reasons in {v}"))
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+        .collect()
+}
+
+fn reasons_are(v: &Value, want: &[(&str, u64)]) {
+    let want: BTreeMap<String, u64> = want.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+    assert_eq!(reasons(v), want, "{v}");
+}
+
+/// The GPU's CRC of the buffer equals the CPU's CRC of the file range.
+fn verified(v: &Value, bytes: u64) {
+    assert_eq!(v["verify"]["ok"], true, "{v}");
+    assert_eq!(v["verify"]["bytes"], bytes, "{v}");
+    assert_eq!(v["verify"]["gpu_crc"], v["verify"]["file_crc"], "{v}");
+    assert_eq!(u(v, "errors"), 0, "{v}");
+}
+
+fn details(v: &Value) -> String {
+    v["details"].to_string()
+}
+
+/// Bytes a server's debug log shows moved by DMA messages (`read` or
+/// `write`) to guest-physical addresses inside `[start, end]`.
+fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
+    let marker = format!(
+        "dma {direction} via DMA_{} messages",
+        direction.to_uppercase()
+    );
+    log.lines()
+        .filter(|line| line.contains(&marker))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<u64> {
+                let at = line.find(name)? + name.len();
+                line[at..].split_whitespace().next()?.parse().ok()
+            };
+            Some((field("gpa=")?, field("len=")?))
+        })
+        .filter(|&(gpa, len)| gpa >= start && gpa + len <= end + 1)
+        .map(|(_, len)| len)
+        .sum()
+}
+
+fn stats(run: &GuestRun, id: &str) -> Value {
+    let text = common::server_stats(run, id);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{id}.stats.json ({e}): {text}"))
+}
+
+/// A counter found by key anywhere in a stats document.
+fn counter(v: &Value, key: &str) -> u64 {
+    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+        match v {
+            Value::Object(map) => map
+                .get(key)
+                .or_else(|| map.values().find_map(|child| find(child, key))),
+            _ => None,
+        }
+    }
+    find(v, key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no counter {key} in {v}"))
+}
+
+#[test]
+fn log_parser_sums_only_the_window() {
+    let log = "x DEBUG dma write via DMA_WRITE messages gpa=4096 len=512\n\
+               x DEBUG dma write via DMA_WRITE messages gpa=100 len=512\n\
+               x DEBUG dma read via DMA_READ messages gpa=4096 len=8\n";
+    assert_eq!(message_dma_bytes_in(log, "write", 4096, 8191), 512);
+    assert_eq!(message_dma_bytes_in(log, "read", 4096, 8191), 8);
+    assert_eq!(message_dma_bytes_in(log, "write", 8192, 9000), 0);
+}
+
+/// Checks one file system's runs; returns (P2P bytes read into the GPU,
+/// P2P bytes written from it), for the NVMe log check.
+///
+/// Would catch: a library that claims P2P but bounces (or the reverse), a
+/// wrong buffer or file offset (CRC mismatch: the poisoned buffer or a
+/// shifted range), holes or EOF tails read by DMA, appends written at the
+/// wrong place, O_DIRECT trusted where ext4 data=journal would copy, a
+/// reason missing or wrong.
+fn check_file_system(run: &GuestRun, fs: &str) -> (u64, u64) {
+    let up = fs.to_uppercase();
+    run.expect(&format!("{up}_MKFS"), "0");
+    run.expect(&format!("{up}_MOUNT"), "0");
+    let (mut p2p_read, mut p2p_written) = (0, 0);
+
+    // Aligned reads and writes: all P2P, two threads, both O_DIRECT and a
+    // plain fd (the library reopens it with O_DIRECT).
+    let v = gdsio(run, fs, "aligned_read");
+    assert_eq!(v["fs_type"], fs, "{v}");
+    assert_eq!(v["path"], "p2p", "{v}");
+    assert_eq!((u(&v, "p2p_bytes"), u(&v, "compat_bytes")), (32 * MIB, 0));
+    assert_eq!(u(&v, "ios"), 32);
+    assert_eq!(v["buffer"]["kind"], "p2pmem");
+    assert_eq!(v["buffer"]["bar"], 2);
+    assert_eq!(v["route"]["relation"], "shared_bridge", "{v}");
+    reasons_are(&v, &[]);
+    verified(&v, 32 * MIB);
+    p2p_read += u(&v, "p2p_bytes");
+
+    let v = gdsio(run, fs, "nodirect_read");
+    assert_eq!(v["app_direct"], false);
+    assert_eq!(v["path"], "p2p", "{v}");
+    assert_eq!(u(&v, "p2p_bytes"), 8 * MIB);
+    verified(&v, 8 * MIB);
+    p2p_read += u(&v, "p2p_bytes");
+
+    let v = gdsio(run, fs, "aligned_write");
+    assert_eq!(v["path"], "p2p", "{v}");
+    assert_eq!((u(&v, "p2p_bytes"), u(&v, "compat_bytes")), (16 * MIB, 0));
+    assert_eq!(u(&v, "file_size_after"), 16 * MIB);
+    verified(&v, 16 * MIB);
+    p2p_written += u(&v, "p2p_bytes");
+
+    let v = gdsio(run, fs, "overwrite");
+    assert_eq!(v["path"], "p2p", "{v}");
+    assert_eq!(u(&v, "p2p_bytes"), 8 * MIB);
+    assert_eq!(u(&v, "file_size_after"), 32 * MIB);
+    assert_eq!(v["verify"]["file_offset"], 8 * MIB);
+    verified(&v, 8 * MIB);
+    p2p_written += u(&v, "p2p_bytes");
+
+    // Unaligned file offset, GPU address and length fall back and say why.
+    let v = gdsio(run, fs, "unaligned_file");
+    assert_eq!(v["path"], "compat", "{v}");
+    assert_eq!(u(&v, "compat_bytes"), MIB);
+    reasons_are(&v, &[("alignment", 1)]);
+    assert!(details(&v).contains("file offset 1000"), "{v}");
+    verified(&v, MIB);
+
+    let v = gdsio(run, fs, "unaligned_gpu");
+    assert_eq!(v["path"], "compat", "{v}");
+    reasons_are(&v, &[("alignment", 1)]);
+    assert!(details(&v).contains("GPU address"), "{v}");
+    verified(&v, MIB);
+
+    let v = gdsio(run, fs, "unaligned_len");
+    assert_eq!(v["path"], "mixed", "{v}");
+    let align = u(&v, "dio_offset_align");
+    let head = 1_000_000 / align * align;
+    assert_eq!(
+        (u(&v, "p2p_bytes"), u(&v, "compat_bytes")),
+        (head, 1_000_000 - head)
+    );
+    reasons_are(&v, &[("alignment", 1)]);
+    verified(&v, 1_000_000);
+    p2p_read += u(&v, "p2p_bytes");
+
+    // A sparse file: the holes go compat, the data between them P2P.
+    let v = gdsio(run, fs, "sparse");
+    assert_eq!(v["path"], "mixed", "{v}");
+    assert_eq!(
+        (u(&v, "p2p_bytes"), u(&v, "compat_bytes")),
+        (4 * MIB, 12 * MIB)
+    );
+    reasons_are(&v, &[("sparse", 1)]);
+    let segments = v["first_report"]["segments"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no segments: {v}"));
+    let shape: Vec<(u64, u64, &str)> = segments
+        .iter()
+        .map(|s| {
+            (
+                u(s, "file_offset"),
+                u(s, "len"),
+                s["route"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (0, 4 * MIB, "compat"),
+            (4 * MIB, 4 * MIB, "p2p"),
+            (8 * MIB, 8 * MIB, "compat")
+        ],
+        "{v}"
+    );
+    verified(&v, 16 * MIB);
+    p2p_read += u(&v, "p2p_bytes");
+
+    // A short file: a short read, the partial last block through the page
+    // cache.
+    let v = gdsio(run, fs, "short");
+    assert_eq!(u(&v, "bytes"), 10_000);
+    assert_eq!(v["eof"], true);
+    assert_eq!(v["path"], "mixed", "{v}");
+    let head = 10_000 / align * align;
+    assert_eq!(
+        (u(&v, "p2p_bytes"), u(&v, "compat_bytes")),
+        (head, 10_000 - head)
+    );
+    reasons_are(&v, &[("eof_tail", 1)]);
+    verified(&v, 10_000);
+    p2p_read += u(&v, "p2p_bytes");
+
+    // Appends: at an unaligned end of file, and through an O_APPEND fd.
+    let v = gdsio(run, fs, "append");
+    assert_eq!(v["path"], "compat", "{v}");
+    assert_eq!(u(&v, "compat_bytes"), 5000);
+    reasons_are(&v, &[("append", 1)]);
+    assert_eq!(u(&v, "file_size_after"), 15_000);
+    verified(&v, 5000);
+
+    let v = gdsio(run, fs, "append_mode");
+    assert_eq!(v["path"], "compat", "{v}");
+    reasons_are(&v, &[("append", 1)]);
+    assert!(details(&v).contains("O_APPEND"), "{v}");
+    assert_eq!(
+        (u(&v, "file_size_before"), u(&v, "file_size_after")),
+        (8192, 8192 + 4096)
+    );
+    assert_eq!(v["verify"]["file_offset"], 8192);
+    verified(&v, 4096);
+
+    // VRAM mapped through /dev/p2plab-gpuN cannot be pinned: compat.
+    let v = gdsio(run, fs, "devmap");
+    assert_eq!(v["buffer"]["kind"], "devmap");
+    assert_eq!(v["path"], "compat", "{v}");
+    reasons_are(&v, &[("not_p2pmem", 1)]);
+    verified(&v, MIB);
+
+    let v = gdsio(run, fs, "forced");
+    assert_eq!(v["path"], "compat", "{v}");
+    assert_eq!(v["force_compat"], true);
+    reasons_are(&v, &[("forced", 1)]);
+    verified(&v, MIB);
+
+    // The C program linked against libp2plab_gds: one read, verified.
+    run.expect(&format!("{up}_C_STATUS"), "0");
+    run.expect(&format!("{up}_C_RET"), "4194304");
+    run.expect(&format!("{up}_C_PATH"), "p2p");
+    run.expect(&format!("{up}_C_BUF_KIND"), "p2pmem");
+    run.expect(&format!("{up}_C_VERIFY"), "ok");
+    run.expect(
+        &format!("{up}_C_GPU_CRC"),
+        run.fact(&format!("{up}_C_FILE_CRC")),
+    );
+    p2p_read += run.fact_u64(&format!("{up}_C_P2P_BYTES"));
+    if fs == "ext4" {
+        run.expect("EXT4_JOURNAL_MOUNT", "0");
+        let v = gdsio(run, fs, "journal");
+        assert_eq!(v["path"], "compat", "{v}");
+        reasons_are(&v, &[("fs_no_direct_io", 2)]);
+        assert!(details(&v).contains("statx"), "{v}");
+        verified(&v, 2 * MIB);
+    }
+    run.expect(&format!("{up}_UMOUNT"), "0");
+    (p2p_read, p2p_written)
+}
+
+/// ext4 and xfs on nvme0n1 in the lab (NVMe and GPU under one switch).
+///
+/// Would catch besides the per-run checks: bytes counted as P2P that did
+/// not travel between nvme0 and the GPU's BAR2 (the NVMe server's log
+/// must show exactly the P2P bytes there, through DMA messages), compat
+/// copies not done by the GPU engine, kernel warnings.
+#[test]
+fn gds_on_ext4_and_xfs_in_the_lab() {
+    let run = run_guest("lab", LAB_SCRIPT, Boot::default());
+    let mut p2p_read = 0;
+    let mut p2p_written = 0;
+    for fs in ["ext4", "xfs"] {
+        let (r, w) = check_file_system(&run, fs);
+        p2p_read += r;
+        p2p_written += w;
+    }
+    let v = gdsio(&run, "tmpfs", "read");
+    assert_eq!(v["fs_type"], "tmpfs", "{v}");
+    assert_eq!(v["path"], "compat", "{v}");
+    reasons_are(&v, &[("not_pci_storage", 2)]);
+    assert!(v["route"]["storage"].is_null(), "{v}");
+    verified(&v, 2 * MIB);
+    run.expect("KERNEL_COMPLAINTS", "0");
+
+    // Every byte reported as P2P went between nvme0 and BAR2 of the GPU,
+    // by DMA messages (peer memory), and nothing else did.
+    let (bar2_start, bar2_end) = (run.fact_u64("GPU_BAR2_START"), run.fact_u64("GPU_BAR2_END"));
+    let log = run.file("nvme0.log");
+    assert_eq!(
+        message_dma_bytes_in(&log, "write", bar2_start, bar2_end),
+        p2p_read,
+        "NVMe DMA writes into GPU BAR2 = P2P bytes read"
+    );
+    assert_eq!(
+        message_dma_bytes_in(&log, "read", bar2_start, bar2_end),
+        p2p_written,
+        "NVMe DMA reads from GPU BAR2 = P2P bytes written"
+    );
+    let nvme = stats(&run, "nvme0");
+    assert!(
+        counter(&nvme, "dma_message_write_bytes") >= p2p_read,
+        "{nvme}"
+    );
+    assert!(
+        counter(&nvme, "dma_message_read_bytes") >= p2p_written,
+        "{nvme}"
+    );
+    // The GPU engine did the compat copies and the verification.
+    let gpu = stats(&run, "gpu0");
+    assert!(counter(&gpu, "bytes_host_to_vram") >= 2 * 12 * MIB, "{gpu}");
+    assert!(counter(&gpu, "bytes_checksummed") >= 2 * 80 * MIB, "{gpu}");
+}
+
+/// separate-root-ports: the kernel refuses P2P between nvme0 and the GPU
+/// (q35 host bridge not whitelisted). Reads and writes still complete,
+/// in compat mode, and say "topology" with the kernel's errno.
+///
+/// Would catch: a refusal reported as an error instead of falling back,
+/// a fallback that does not say why, data corrupted by the failed attempt,
+/// any byte reaching the GPU's BAR from the NVMe controller.
+#[test]
+fn separate_root_ports_run_in_compat_mode() {
+    let run = run_guest("separate-root-ports", REFUSED_SCRIPT, Boot::default());
+    run.expect("EXT4_MKFS", "0");
+    run.expect("EXT4_MOUNT", "0");
+    run.expect("EXT4_INFO_STATUS", "0");
+    let info_text = run.file("guest/gds/ext4-info.json");
+    let info: Value =
+        serde_json::from_str(&info_text).unwrap_or_else(|e| panic!("info JSON ({e}): {info_text}"));
+    assert_eq!(info["route"]["relation"], "host_bridge_only", "{info}");
+    assert_eq!(info["file"]["direct_io"], true, "{info}");
+
+    for (name, bytes) in [("read", 8 * MIB), ("write", 4 * MIB)] {
+        let v = gdsio(&run, "ext4", name);
+        assert_eq!(v["path"], "compat", "{v}");
+        assert_eq!((u(&v, "p2p_bytes"), u(&v, "compat_bytes")), (0, bytes));
+        // The first call tried P2P and the kernel refused with EINVAL;
+        // the rest knew it already. All say topology.
+        reasons_are(&v, &[("topology", bytes / MIB)]);
+        assert_eq!(u(&v, "p2p_errno"), libc::EINVAL as u64, "{v}");
+        assert_eq!(v["route"]["refusal"]["reason"], "topology", "{v}");
+        assert!(details(&v).contains("host bridge"), "{v}");
+        verified(&v, bytes);
+    }
+
+    run.expect("EXT4_C_STATUS", "0");
+    run.expect("EXT4_C_PATH", "compat");
+    run.expect("EXT4_C_REASONS", "64");
+    run.expect("EXT4_C_VERIFY", "ok");
+
+    assert!(run.fact_u64("REFUSED_DMESG") >= 1, "the kernel says why");
+    let nvme = stats(&run, "nvme0");
+    assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_message_read_bytes"), 0, "{nvme}");
+}
