@@ -104,6 +104,24 @@ impl Lab {
             .with_context(|| format!("stopping {id}: no exit status"))
     }
 
+    /// SIGKILLs server `id` (a crash, as far as its state goes: no signal
+    /// handler, no clean-up, no final stats) and returns its exit status.
+    pub fn kill_server(&mut self, id: &str) -> Result<ExitStatus> {
+        let index = self.server_index(id)?;
+        self.servers[index]
+            .kill()
+            .with_context(|| format!("killing {id}"))
+    }
+
+    /// SIGKILLs QEMU (the guest dies with it, nothing is flushed on its
+    /// way out) and returns its exit status.
+    pub fn kill_qemu(&mut self) -> Result<ExitStatus> {
+        match self.qemu.as_mut() {
+            Some(qemu) => qemu.kill().context("killing QEMU"),
+            None => bail!("this lab has no QEMU"),
+        }
+    }
+
     /// Waits for server `id` to exit on its own (`--exit-on-disconnect`
     /// after QEMU let go of the device).
     pub fn wait_server_exit(&mut self, id: &str, timeout: Duration) -> Result<ExitStatus> {

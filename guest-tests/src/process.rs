@@ -154,6 +154,21 @@ impl LabProcess {
         self.wait().ok().flatten()
     }
 
+    /// SIGKILL at once, no SIGTERM first (nothing the process could do on
+    /// its way out gets a chance), then reaps it. A process that had
+    /// already exited gives its status.
+    pub fn kill(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.try_wait()? {
+            return Ok(status);
+        }
+        let pid = self
+            .pid()
+            .with_context(|| format!("{} was never started", self.name))?;
+        signal_pid(pid, libc::SIGKILL);
+        self.wait()?
+            .with_context(|| format!("{}: no exit status after SIGKILL", self.name))
+    }
+
     /// Leaves the process running (for `--keep`): nothing stops it on drop.
     pub fn release(mut self) -> Option<u32> {
         self.exited = None;

@@ -1,0 +1,597 @@
+//! Kill tests (issue 9): acknowledged, flushed writes must survive a
+//! SIGKILL of the NVMe server, then of QEMU, and read back through a
+//! restarted server and a second QEMU on the same namespace file.
+//!
+//! One round:
+//! 1. the guest writes a slot of the namespace with fio's verify pattern
+//!    (`--verify=crc32c`, a seed per round, O_DIRECT), ends with fsync
+//!    (an NVMe Flush), and copies what the device then returns to the
+//!    shared folder: that copy is what the controller acknowledged;
+//! 2. it starts unflushed writes elsewhere (scratch region) so the kill
+//!    lands with I/O in flight, and tells the host;
+//! 3. the host checks the Flush reached the controller (its stats), then
+//!    SIGKILLs `p2plab-nvme` and compares every slot written so far with
+//!    the namespace file, byte for byte;
+//! 4. within a boot: `device_del` of the dead device, a fresh server on
+//!    the same file, `device_add`, and the guest verifies every slot with
+//!    fio (`--verify_only`, the seed of the slot's last round);
+//!    the last round of a boot SIGKILLs QEMU after the server instead,
+//!    and the next boot (a second QEMU, a restarted server) verifies
+//!    every slot before it goes on.
+//!
+//! QEMU 11.1 does not reconnect a `vfio-user-pci` device to a restarted
+//! server, hence the unplug and re-plug inside a boot.
+//!
+//! Shared by `guest-tests/tests/kill.rs` (a few rounds) and
+//! `p2plab-kill-loop` (behind `scripts/kill-loop`, 100 rounds).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+
+use crate::control::unplug;
+use crate::qmp::Qmp;
+use crate::{Lab, LabOptions, Mode};
+
+/// The device the rounds kill (the lab topology's NVMe controller).
+pub const DEVICE: &str = "nvme0";
+/// Bytes of one slot: fio writes it with 4 KiB blocks.
+pub const SLOT_BYTES: u64 = 4 << 20;
+/// Slots rotate: round r writes slot (r - 1) % SLOTS with a new seed, so
+/// a lost rewrite shows as the old seed in fio's block headers.
+pub const SLOTS: u32 = 8;
+/// Where the unflushed in-flight writes go (away from the slots).
+const SCRATCH_OFFSET_MIB: u64 = 512;
+const SCRATCH_MIB: u64 = 256;
+/// A guest phase (fio on a few MiB, a boot) takes seconds; this bounds a
+/// hang, not a duration.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The guest's ACPI eject takes well under a second here.
+const UNPLUG_TIMEOUT: Duration = Duration::from_secs(120);
+/// The server rewrites its stats file every second.
+const STATS_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct KillOptions {
+    /// Server kills in all.
+    pub rounds: u32,
+    /// Server kills per QEMU; the last one of each boot kills QEMU too.
+    pub rounds_per_boot: u32,
+    /// Namespace file and the guest's copies of the slots live here; it
+    /// is emptied first.
+    pub state: PathBuf,
+    /// Echo the guest's output while it runs.
+    pub stream_output: bool,
+}
+
+/// A slot's expected content: fio's pattern for `seed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotWrite {
+    pub slot: u32,
+    pub seed: u32,
+    pub round: u32,
+}
+
+/// What one round saw.
+#[derive(Debug, Clone)]
+pub struct RoundReport {
+    pub round: u32,
+    /// 1-based QEMU boot the round ran in.
+    pub boot: u32,
+    pub write: SlotWrite,
+    /// Flush commands the server had completed when it was killed.
+    pub flushes: u64,
+    /// Writes the guest saw complete in the scratch region before it
+    /// signalled; more were in flight at the kill.
+    pub inflight_writes: u64,
+    /// Whether QEMU was killed after the server (last round of a boot).
+    pub qemu_killed: bool,
+    /// Slots compared with the namespace file after the kill.
+    pub slots_compared: usize,
+    /// device_del of the dead device until DEVICE_DELETED.
+    pub unplug: Option<Duration>,
+    /// Slots fio verified after the kill: through the re-plugged device,
+    /// or, when QEMU was killed too, in the next boot.
+    pub slots_verified: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct KillReport {
+    pub rounds: Vec<RoundReport>,
+    pub boots: u32,
+    /// Slots the final boot verified.
+    pub final_slots_verified: usize,
+    pub run_dirs: Vec<PathBuf>,
+}
+
+/// `KEY=VALUE` lines of a guest report.
+pub fn parse_facts(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once('=')?;
+            let is_key = key.starts_with(|c: char| c.is_ascii_uppercase())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            is_key.then(|| (key.to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+fn fact<'a>(facts: &'a BTreeMap<String, String>, key: &str, what: &str) -> Result<&'a str> {
+    facts
+        .get(key)
+        .map(String::as_str)
+        .with_context(|| format!("the guest did not report {key} at {what}: {facts:?}"))
+}
+
+fn fact_u64(facts: &BTreeMap<String, String>, key: &str, what: &str) -> Result<u64> {
+    let text = fact(facts, key, what)?;
+    text.parse()
+        .with_context(|| format!("{key}={text:?} at {what} is not a number"))
+}
+
+/// Shell helpers every boot's script starts with.
+const SCRIPT_HEAD: &str = r#"
+set -u
+SLOT_MIB=4
+: > /tmp/facts
+# fact KEY VALUE: printed, and kept for the next signal file.
+fact() { echo "$1=$2"; echo "$1=$2" >> /tmp/facts; }
+# signal NAME: hand the facts so far to the host (atomically: it polls).
+signal() { cp /tmp/facts /run/p2plab/.$1; : > /tmp/facts; mv /run/p2plab/.$1 /run/p2plab/$1; }
+wait_host() { i=0; until [ -e /run/p2plab/$1 ]; do sleep 0.2; i=$((i+1)); [ $i -lt 3000 ] || { echo "no $1 from the host"; exit 1; }; done; }
+# The namespace of the controller at a PCI address (a re-plugged
+# controller may get another name while the old one is still referenced).
+ns_of() { c=$(ls -d /sys/bus/pci/devices/$1/nvme/nvme* 2>/dev/null | head -n1); [ -n "$c" ] && p2plab-nvme-ns --ctrl "$(basename $c)" 1 2>/dev/null; }
+# fio_slot SEED SLOT NAME [fio options]: the one job that writes a slot and
+# verifies it later. A single job per fio run on purpose: fio derives its
+# random streams from the seed and the job's number, so the verify run must
+# be the same job shape as the write run.
+fio_slot() {
+  seed=$1 slot=$2 name=$3; shift 3
+  fio --name=slot$slot --filename=$ns --rw=randwrite --bs=4k --offset=$((slot * SLOT_MIB))M \
+    --size=${SLOT_MIB}M --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c \
+    --randrepeat=1 --randseed=$seed --output-format=json --output=/run/p2plab/$name.json \
+    "$@" >/dev/null 2>/run/p2plab/$name.err
+}
+# verify_slot SEED SLOT TAG: fio reads the slot back and checks every
+# block's header (offset, seed) and crc32c.
+verify_slot() { fio_slot $1 $2 verify-$3-slot$2 --verify_only=1; fact VERIFY_$3_SLOT$2 $?; }
+complaints() { dmesg | grep -c -E 'BUG:|Oops|Call Trace|refcount_t|blocked for more than'; }
+writes_done() { awk '{print $5}' /sys/block/${ns#/dev/}/stat; }
+
+ns=$(p2plab-nvme-ns 1) || { echo "no NVMe namespace"; exit 1; }
+bdf=$(basename "$(readlink -f /sys/block/${ns#/dev/}/device/device)")
+fact NVME_BDF $bdf
+"#;
+
+/// Checkpoint `tag`: fio verifies every slot in `slots`.
+fn verify_lines(script: &mut String, slots: &BTreeMap<u32, SlotWrite>, tag: &str) {
+    for w in slots.values() {
+        script.push_str(&format!("verify_slot {} {} {tag}\n", w.seed, w.slot));
+    }
+}
+
+/// The guest script of one boot: verify what earlier boots left, then the
+/// rounds; the last round waits for the host to kill QEMU. A boot with no
+/// rounds only verifies and exits.
+fn boot_script(before: &BTreeMap<u32, SlotWrite>, rounds: &[SlotWrite]) -> String {
+    let mut script = String::from(SCRIPT_HEAD);
+    verify_lines(&mut script, before, "boot");
+    script.push_str("fact KERNEL_COMPLAINTS $(complaints)\nsignal ready\n");
+    let mut slots = before.clone();
+    for (i, w) in rounds.iter().enumerate() {
+        let r = w.round;
+        slots.insert(w.slot, *w);
+        script.push_str(&format!(
+            r#"
+# --- round {r}: slot {slot}, seed {seed} ---
+fio_slot {seed} {slot} write-{r} --do_verify=0 --end_fsync=1
+fact WRITE_STATUS $?
+dd if=$ns of=/mnt/host/slot-{slot}.bin bs=1M skip=$(({slot} * SLOT_MIB)) count=$SLOT_MIB iflag=direct 2>/dev/null
+fact COPY_STATUS $?
+w0=$(writes_done)
+fio --name=inflight --filename=$ns --rw=randwrite --bs=64k --offset={SCRATCH_OFFSET_MIB}M \
+  --size={SCRATCH_MIB}M --direct=1 --ioengine=libaio --iodepth=16 --time_based --runtime=3600 \
+  >/dev/null 2>&1 &
+inflight=$!
+i=0; while [ "$(writes_done)" -lt $((w0 + 100)) ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+fact INFLIGHT_WRITES $(( $(writes_done) - w0 ))
+signal flushed-{r}
+"#,
+            slot = w.slot,
+            seed = w.seed,
+        ));
+        if i + 1 == rounds.len() {
+            // The host kills the server, then QEMU, while this sleeps.
+            script.push_str("sleep 3600\necho 'QEMU was not killed'\nexit 1\n");
+            return script;
+        }
+        script.push_str(&format!(
+            r#"wait_host replugged-{r}
+kill -9 $inflight 2>/dev/null; wait $inflight 2>/dev/null
+i=0; ns=; until ns=$(ns_of $bdf) || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done
+fact BACK $([ -b "$ns" ] && echo 1 || echo 0)
+"#
+        ));
+        verify_lines(&mut script, &slots, &format!("r{r}"));
+        script.push_str(&format!(
+            "fact KERNEL_COMPLAINTS $(complaints)\nsignal checked-{r}\n"
+        ));
+    }
+    script.push_str("exit 0\n");
+    script
+}
+
+/// The checks on fio's JSON of a verify-only run of a slot.
+fn check_verify(
+    run_dir: &Path,
+    facts: &BTreeMap<String, String>,
+    tag: &str,
+    w: &SlotWrite,
+) -> Result<()> {
+    let name = format!("verify-{tag}-slot{}", w.slot);
+    let status = fact(facts, &format!("VERIFY_{tag}_SLOT{}", w.slot), tag)?;
+    let err =
+        std::fs::read_to_string(run_dir.join(format!("guest/{name}.err"))).unwrap_or_default();
+    let job = fio_job(&run_dir.join(format!("guest/{name}.json")))?;
+    let error = job["error"]
+        .as_i64()
+        .context("fio job without error field")?;
+    let read = job["read"]["io_bytes"].as_u64().unwrap_or(0);
+    ensure!(
+        status == "0" && error == 0 && read == SLOT_BYTES,
+        "slot {} (written in round {} with seed {}) does not verify at {tag}: fio exit {status}, \
+         error {error}, {read} of {SLOT_BYTES} bytes read back; fio said:\n{err}",
+        w.slot,
+        w.round,
+        w.seed
+    );
+    Ok(())
+}
+
+/// The first job of a fio JSON report (fio may print a line before it).
+fn fio_job(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let start = text
+        .find('{')
+        .with_context(|| format!("{}: no JSON object: {text}", path.display()))?;
+    let report: Value = serde_json::from_str(&text[start..])
+        .with_context(|| format!("{}: not JSON", path.display()))?;
+    Ok(report["jobs"][0].clone())
+}
+
+/// Compares slot `w` of the namespace file with the guest's copy of what
+/// the device returned after the flush.
+fn compare_slot(image: &Path, copies: &Path, w: &SlotWrite) -> Result<()> {
+    let copy_path = copies.join(format!("slot-{}.bin", w.slot));
+    let copy =
+        std::fs::read(&copy_path).with_context(|| format!("reading {}", copy_path.display()))?;
+    ensure!(
+        copy.len() as u64 == SLOT_BYTES,
+        "{}: {} bytes, not {SLOT_BYTES}",
+        copy_path.display(),
+        copy.len()
+    );
+    let mut file = File::open(image).with_context(|| format!("opening {}", image.display()))?;
+    let mut on_disk = vec![0u8; copy.len()];
+    std::io::Seek::seek(
+        &mut file,
+        std::io::SeekFrom::Start(u64::from(w.slot) * SLOT_BYTES),
+    )?;
+    file.read_exact(&mut on_disk)
+        .with_context(|| format!("reading slot {} of {}", w.slot, image.display()))?;
+    if on_disk != copy {
+        let first = on_disk
+            .iter()
+            .zip(&copy)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        bail!(
+            "slot {} (round {}, seed {}) of {} differs from what the device acknowledged \
+             after the flush, first at byte {first} of the slot (block {})",
+            w.slot,
+            w.round,
+            w.seed,
+            image.display(),
+            first / 4096
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the server's stats show at least `at_least` Flush commands.
+fn wait_flushes(lab: &Lab, at_least: u64) -> Result<u64> {
+    let deadline = Instant::now() + STATS_TIMEOUT;
+    loop {
+        let flushes = lab
+            .server_stats(DEVICE)
+            .ok()
+            .and_then(|s| s["counters"]["flush_commands"].as_u64());
+        match flushes {
+            Some(n) if n >= at_least => return Ok(n),
+            _ if Instant::now() > deadline => bail!(
+                "the guest's fsync reached {DEVICE} as no Flush command within \
+                 {STATS_TIMEOUT:?} (flush_commands {flushes:?}, wanted >= {at_least})"
+            ),
+            _ => sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// QEMU creates its QMP socket while it starts: retry until it answers.
+fn connect_qmp(lab: &mut Lab) -> Result<Qmp> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(qmp) = lab.qmp() {
+            return Ok(qmp);
+        }
+        if let Some(status) = lab.qemu_exited()? {
+            bail!("QEMU exited ({status}) before QMP answered");
+        }
+        if Instant::now() > deadline {
+            bail!("QMP did not answer within 60 s");
+        }
+        sleep(Duration::from_millis(100));
+    }
+}
+
+fn killed_by_sigkill(status: std::process::ExitStatus) -> bool {
+    status.signal() == Some(libc::SIGKILL)
+}
+
+/// Runs the kill rounds and returns what they saw; the first durability
+/// failure is an error naming the slot, the round and the run folder.
+pub fn run(options: &KillOptions, mut on_round: impl FnMut(&RoundReport)) -> Result<KillReport> {
+    ensure!(options.rounds >= 1, "at least one round");
+    ensure!(options.rounds_per_boot >= 1, "at least one round per boot");
+    let _ = std::fs::remove_dir_all(&options.state);
+    let copies = options.state.join("slots");
+    std::fs::create_dir_all(&copies).with_context(|| format!("creating {}", copies.display()))?;
+    let image = options.state.join("nvme0n1.img");
+
+    let mut report = KillReport::default();
+    let mut slots: BTreeMap<u32, SlotWrite> = BTreeMap::new();
+    let mut next_round = 1;
+    loop {
+        let last = next_round > options.rounds;
+        let count = if last {
+            0
+        } else {
+            options.rounds_per_boot.min(options.rounds - next_round + 1)
+        };
+        let rounds: Vec<SlotWrite> = (next_round..next_round + count)
+            .map(|round| SlotWrite {
+                slot: (round - 1) % SLOTS,
+                seed: 1000 + round,
+                round,
+            })
+            .collect();
+        report.boots += 1;
+        let boot = report.boots;
+        let verified = run_boot(
+            options,
+            &copies,
+            &image,
+            boot,
+            &slots,
+            &rounds,
+            &mut report,
+            &mut on_round,
+        )?;
+        if last {
+            report.final_slots_verified = verified;
+            return Ok(report);
+        }
+        for w in &rounds {
+            slots.insert(w.slot, *w);
+        }
+        next_round += count;
+    }
+}
+
+/// One QEMU boot: verify `before`, then run `rounds` (none: verify only).
+/// Returns how many slots the boot verified at its start.
+#[allow(clippy::too_many_arguments)]
+fn run_boot(
+    options: &KillOptions,
+    copies: &Path,
+    image: &Path,
+    boot: u32,
+    before: &BTreeMap<u32, SlotWrite>,
+    rounds: &[SlotWrite],
+    report: &mut KillReport,
+    on_round: &mut impl FnMut(&RoundReport),
+) -> Result<usize> {
+    let script = boot_script(before, rounds);
+    let mut lab_options = LabOptions::new("lab", Mode::Exec(script));
+    lab_options.state = Some(options.state.clone());
+    lab_options.share = Some(copies.to_path_buf());
+    lab_options.timeout = Some(PHASE_TIMEOUT);
+    lab_options.stream_output = options.stream_output;
+    let mut lab = Lab::start(&lab_options).context("starting the lab")?;
+    let run_dir = lab.run_dir.clone();
+    report.run_dirs.push(run_dir.clone());
+    let in_run =
+        |e: anyhow::Error| e.context(format!("boot {boot}, run folder {}", run_dir.display()));
+
+    let ready = lab
+        .wait_guest_file("ready", PHASE_TIMEOUT)
+        .map_err(in_run)?;
+    let facts = parse_facts(&ready);
+    for w in before.values() {
+        check_verify(&run_dir, &facts, "boot", w).map_err(in_run)?;
+    }
+    // The round that killed the previous QEMU is checked by this boot.
+    if let Some(previous) = report.rounds.last_mut() {
+        previous.slots_verified = before.len();
+    }
+    ensure!(
+        fact(&facts, "KERNEL_COMPLAINTS", "boot").map_err(in_run)? == "0",
+        "boot {boot}: the guest kernel complained (run folder {})",
+        run_dir.display()
+    );
+    if rounds.is_empty() {
+        let outcome = lab.finish(&lab_options).map_err(in_run)?;
+        ensure!(
+            outcome.status == Some(0),
+            "the verifying boot's script failed ({:?}); output:\n{}\n(run folder {})",
+            outcome.status,
+            outcome.output,
+            run_dir.display()
+        );
+        return Ok(before.len());
+    }
+
+    let mut qmp = connect_qmp(&mut lab).map_err(in_run)?;
+    let mut slots = before.clone();
+    for (i, w) in rounds.iter().enumerate() {
+        let r = w.round;
+        let what = format!("round {r}");
+        slots.insert(w.slot, *w);
+        let flushed = lab
+            .wait_guest_file(&format!("flushed-{r}"), PHASE_TIMEOUT)
+            .map_err(in_run)?;
+        let facts = parse_facts(&flushed);
+        let write = fio_job(&run_dir.join(format!("guest/write-{r}.json"))).map_err(in_run)?;
+        ensure!(
+            fact(&facts, "WRITE_STATUS", &what)? == "0"
+                && write["error"].as_i64() == Some(0)
+                && write["write"]["io_bytes"].as_u64() == Some(SLOT_BYTES),
+            "{what}: fio's verify write failed: {write} (run folder {})",
+            run_dir.display()
+        );
+        ensure!(
+            fact(&facts, "COPY_STATUS", &what)? == "0",
+            "{what}: the guest could not read the slot back (run folder {})",
+            run_dir.display()
+        );
+        let inflight_writes = fact_u64(&facts, "INFLIGHT_WRITES", &what)?;
+        // Every round's fsync is a Flush on a server started at most one
+        // round ago.
+        let flushes = wait_flushes(&lab, 1).map_err(in_run)?;
+
+        let status = lab.kill_server(DEVICE).map_err(in_run)?;
+        ensure!(
+            killed_by_sigkill(status),
+            "{what}: {DEVICE} ended with {status} before the SIGKILL"
+        );
+        for slot in slots.values() {
+            compare_slot(image, copies, slot)
+                .with_context(|| format!("{what}: after the SIGKILL of {DEVICE}"))
+                .map_err(in_run)?;
+        }
+        ensure!(
+            lab.qemu_exited()?.is_none(),
+            "{what}: QEMU exited when {DEVICE}'s server died (run folder {})",
+            run_dir.display()
+        );
+        let mut round = RoundReport {
+            round: r,
+            boot,
+            write: *w,
+            flushes,
+            inflight_writes,
+            qemu_killed: false,
+            slots_compared: slots.len(),
+            unplug: None,
+            slots_verified: 0,
+        };
+
+        if i + 1 == rounds.len() {
+            let status = lab.kill_qemu().map_err(in_run)?;
+            ensure!(
+                killed_by_sigkill(status),
+                "{what}: QEMU ended with {status} before the SIGKILL"
+            );
+            // Nothing may have changed the file after the server died.
+            for slot in slots.values() {
+                compare_slot(image, copies, slot)
+                    .with_context(|| format!("{what}: after the SIGKILL of QEMU"))
+                    .map_err(in_run)?;
+            }
+            round.qemu_killed = true;
+            on_round(&round);
+            report.rounds.push(round);
+            drop(lab);
+            return Ok(before.len());
+        }
+
+        // QEMU does not reconnect to a restarted server: take the dead
+        // device out and plug a fresh one on the same namespace file.
+        let took = unplug(&mut qmp, DEVICE, UNPLUG_TIMEOUT)
+            .with_context(|| format!("{what}: unplugging the dead {DEVICE}"))
+            .map_err(in_run)?;
+        round.unplug = Some(took);
+        lab.start_server(DEVICE).map_err(in_run)?;
+        lab.plug(&mut qmp, DEVICE).map_err(in_run)?;
+        lab.write_guest_file(&format!("replugged-{r}"), "")
+            .map_err(in_run)?;
+        let checked = lab
+            .wait_guest_file(&format!("checked-{r}"), PHASE_TIMEOUT)
+            .map_err(in_run)?;
+        let facts = parse_facts(&checked);
+        ensure!(
+            fact(&facts, "BACK", &what)? == "1",
+            "{what}: the re-plugged {DEVICE} has no namespace (run folder {})",
+            run_dir.display()
+        );
+        for slot in slots.values() {
+            check_verify(&run_dir, &facts, &format!("r{r}"), slot).map_err(in_run)?;
+        }
+        ensure!(
+            fact(&facts, "KERNEL_COMPLAINTS", &what)? == "0",
+            "{what}: the guest kernel complained (run folder {})",
+            run_dir.display()
+        );
+        round.slots_verified = slots.len();
+        on_round(&round);
+        report.rounds.push(round);
+    }
+    Ok(before.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(round: u32) -> SlotWrite {
+        SlotWrite {
+            slot: (round - 1) % SLOTS,
+            seed: 1000 + round,
+            round,
+        }
+    }
+
+    #[test]
+    fn facts_parse_only_upper_case_keys() {
+        let facts = parse_facts("WRITE_STATUS=0\nnoise=1\nVERIFY_r1_SLOT0=84\n");
+        assert_eq!(facts.get("WRITE_STATUS").map(String::as_str), Some("0"));
+        assert_eq!(facts.get("VERIFY_r1_SLOT0").map(String::as_str), Some("84"));
+        assert!(!facts.contains_key("noise"));
+    }
+
+    #[test]
+    fn a_boot_verifies_every_slot_after_each_replug_and_ends_waiting_for_the_kill() {
+        let before: BTreeMap<u32, SlotWrite> = [(0, w(1))].into_iter().collect();
+        let script = boot_script(&before, &[w(2), w(3)]);
+        assert!(script.contains("verify_slot 1001 0 boot\n"));
+        assert!(script.contains("fio_slot 1002 1 write-2 --do_verify=0 --end_fsync=1"));
+        assert!(script.contains("wait_host replugged-2"));
+        assert!(script.contains("verify_slot 1001 0 r2\nverify_slot 1002 1 r2\n"));
+        // The boot's last round waits for QEMU's SIGKILL, no re-plug.
+        assert!(!script.contains("wait_host replugged-3"));
+        assert!(script.trim_end().ends_with("exit 1"));
+        // A verify-only boot ends on its own.
+        let verify = boot_script(&before, &[]);
+        assert!(verify.trim_end().ends_with("exit 0"));
+        assert!(!verify.contains("fio_slot 1"));
+    }
+}

@@ -1,0 +1,79 @@
+//! Kill tests (issue 9), in two QEMU boots of the default lab; the scenario
+//! is `p2plab_guest_tests::kill` (its header has the steps), shared with
+//! `scripts/kill-loop`, which runs it for 100 rounds.
+//!
+//! Three rounds: fio writes a slot of nvme0's namespace with its verify
+//! pattern and fsyncs (an NVMe Flush), the guest keeps unflushed writes in
+//! flight elsewhere, and the host SIGKILLs `p2plab-nvme`. Rounds 1 and 2:
+//! the namespace file holds every flushed slot byte for byte, the dead
+//! device is unplugged, a fresh server on the same file is plugged in, and
+//! fio verifies every slot through it. Round 3: QEMU is SIGKILLed after the
+//! server, and a second QEMU with a restarted server verifies all slots.
+//!
+//! What it catches: a server that completes a Write before the data has
+//! reached the namespace file (a write-back cache in the process, a
+//! completion posted before pwrite, writes queued in a worker), or a Flush
+//! completed while writes are still queued: the SIGKILL loses them and the
+//! file differs from what the guest read back after its flush; a server
+//! that keeps data only in memory (a namespace that is not the file, a
+//! restart that truncates or recreates the file): the re-plugged device or
+//! the second QEMU reads other data and fio's crc32c/seed check fails; a
+//! rewrite lost on restart (the slot's blocks carry the older round's
+//! seed); a controller whose volatile write cache the guest does not see
+//! (no VWC: fsync sends no Flush, `flush_commands` stays 0); QEMU dying
+//! with its device server; a guest that hangs or oopses when its
+//! controller's server dies under I/O.
+//!
+//! What it cannot catch: a Flush acknowledged before fdatasync. SIGKILL
+//! ends the process, not the host, so the page cache keeps every write that
+//! reached pwrite; only a host crash would lose it. The NVMe unit tests
+//! check that Flush calls the backend's fdatasync.
+
+use std::time::Instant;
+
+use p2plab_guest_tests::kill::{self, KillOptions, SLOTS};
+use p2plab_guest_tests::LabPaths;
+
+/// Three server kills: two re-plugged within the first QEMU, the third with
+/// QEMU killed after it; then a second QEMU verifies.
+const ROUNDS: u32 = 3;
+
+#[test]
+fn flushed_writes_survive_sigkill_of_the_server_and_of_qemu() {
+    let paths = LabPaths::discover().expect("paths");
+    let state = paths
+        .repo
+        .join("target/e2e-state")
+        .join(format!("kill-{}", std::process::id()));
+    let options = KillOptions {
+        rounds: ROUNDS,
+        rounds_per_boot: ROUNDS,
+        state: state.clone(),
+        stream_output: std::env::var_os("P2PLAB_STREAM").is_some(),
+    };
+    let started = Instant::now();
+    let report = kill::run(&options, |r| eprintln!("kill: {r:?}"))
+        .unwrap_or_else(|e| panic!("kill test failed: {e:#}"));
+    eprintln!("kill: {ROUNDS} rounds in {:?}", started.elapsed());
+
+    assert_eq!(report.rounds.len(), ROUNDS as usize);
+    assert_eq!(report.boots, 2, "one QEMU with the rounds, one verifying");
+    for (i, r) in report.rounds.iter().enumerate() {
+        let round = i as u32 + 1;
+        assert_eq!(r.round, round);
+        // Every slot written so far was compared with the file after the
+        // kill, and verified by fio afterwards.
+        let written = (round as usize).min(SLOTS as usize);
+        assert_eq!(r.slots_compared, written, "{r:?}");
+        assert_eq!(r.slots_verified, written, "{r:?}");
+        assert!(r.flushes >= 1, "{r:?}");
+        // The kill landed with writes in flight (the guest waited for 100
+        // to complete before it signalled; more were queued).
+        assert!(r.inflight_writes >= 100, "{r:?}");
+        let last = round == ROUNDS;
+        assert_eq!(r.qemu_killed, last, "{r:?}");
+        assert_eq!(r.unplug.is_some(), !last, "{r:?}");
+    }
+    assert_eq!(report.final_slots_verified, ROUNDS as usize);
+    let _ = std::fs::remove_dir_all(&state);
+}
