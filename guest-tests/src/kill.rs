@@ -91,15 +91,31 @@ pub struct RoundReport {
     /// Writes the guest saw complete in the scratch region before it
     /// signalled; more were in flight at the kill.
     pub inflight_writes: u64,
-    /// Whether QEMU was killed after the server (last round of a boot).
-    pub qemu_killed: bool,
+    /// Requests the guest still had in flight on the controller when it
+    /// told the host to kill (only the last round of a boot keeps I/O
+    /// running: see [`RoundEnd::QemuAborted`]).
+    pub inflight_at_kill: u64,
+    pub end: RoundEnd,
     /// Slots compared with the namespace file after the kill.
     pub slots_compared: usize,
-    /// device_del of the dead device until DEVICE_DELETED.
-    pub unplug: Option<Duration>,
     /// Slots fio verified after the kill: through the re-plugged device,
     /// or, when QEMU was killed too, in the next boot.
     pub slots_verified: usize,
+}
+
+/// How a round ended after the server's SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundEnd {
+    /// The dead device was unplugged (device_del took this long) and a
+    /// fresh server plugged in; the guest verified through it.
+    Replugged { unplug: Duration },
+    /// The boot's last round: QEMU was SIGKILLed after the server.
+    QemuKilled,
+    /// QEMU aborted by itself when the server died. QEMU 11.1's vfio-user
+    /// client can hit `error_setv: Assertion '*errp == NULL'` when its
+    /// server vanishes while the guest drives the device (README "Kill
+    /// tests"); the round's checks still ran, the next boot verifies.
+    QemuAborted,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -108,6 +124,8 @@ pub struct KillReport {
     pub boots: u32,
     /// Slots the final boot verified.
     pub final_slots_verified: usize,
+    /// Rounds in which QEMU aborted on its own ([`RoundEnd::QemuAborted`]).
+    pub qemu_aborts: u32,
     pub run_dirs: Vec<PathBuf>,
 }
 
@@ -157,7 +175,8 @@ fio_slot() {
   seed=$1 slot=$2 name=$3; shift 3
   fio --name=slot$slot --filename=$ns --rw=randwrite --bs=4k --offset=$((slot * SLOT_MIB))M \
     --size=${SLOT_MIB}M --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c \
-    --randrepeat=1 --randseed=$seed --output-format=json --output=/run/p2plab/$name.json \
+    --randrepeat=1 --randseed=$seed --verify_state_save=0 --output-format=json \
+    --output=/run/p2plab/$name.json \
     "$@" >/dev/null 2>/run/p2plab/$name.err
 }
 # verify_slot SEED SLOT TAG: fio reads the slot back and checks every
@@ -165,11 +184,21 @@ fio_slot() {
 verify_slot() { fio_slot $1 $2 verify-$3-slot$2 --verify_only=1; fact VERIFY_$3_SLOT$2 $?; }
 complaints() { dmesg | grep -c -E 'BUG:|Oops|Call Trace|refcount_t|blocked for more than'; }
 writes_done() { awk '{print $5}' /sys/block/${ns#/dev/}/stat; }
+inflight_now() { awk '{print $1 + $2}' /sys/block/${ns#/dev/}/inflight; }
 
 ns=$(p2plab-nvme-ns 1) || { echo "no NVMe namespace"; exit 1; }
 bdf=$(basename "$(readlink -f /sys/block/${ns#/dev/}/device/device)")
 fact NVME_BDF $bdf
 "#;
+
+/// Rounds that re-plug within the boot stop the scratch writer (one
+/// process: fio runs its job as a thread) and let its requests drain
+/// before the kill: QEMU 11.1 can abort when a server dies while the guest
+/// drives the device ([`RoundEnd::QemuAborted`]). The unflushed writes
+/// were still acknowledged and never flushed.
+const QUIESCE: &str = "kill -STOP $inflight
+i=0; while [ \"$(inflight_now)\" != 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+";
 
 /// Checkpoint `tag`: fio verifies every slot in `slots`.
 fn verify_lines(script: &mut String, slots: &BTreeMap<u32, SlotWrite>, tag: &str) {
@@ -199,14 +228,16 @@ fact COPY_STATUS $?
 w0=$(writes_done)
 fio --name=inflight --filename=$ns --rw=randwrite --bs=64k --offset={SCRATCH_OFFSET_MIB}M \
   --size={SCRATCH_MIB}M --direct=1 --ioengine=libaio --iodepth=16 --time_based --runtime=3600 \
-  >/dev/null 2>&1 &
+  --thread >/dev/null 2>&1 &
 inflight=$!
 i=0; while [ "$(writes_done)" -lt $((w0 + 100)) ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 fact INFLIGHT_WRITES $(( $(writes_done) - w0 ))
+{quiesce}fact INFLIGHT_AT_KILL $(inflight_now)
 signal flushed-{r}
 "#,
             slot = w.slot,
             seed = w.seed,
+            quiesce = if i + 1 == rounds.len() { "" } else { QUIESCE },
         ));
         if i + 1 == rounds.len() {
             // The host kills the server, then QEMU, while this sleeps.
@@ -215,7 +246,7 @@ signal flushed-{r}
         }
         script.push_str(&format!(
             r#"wait_host replugged-{r}
-kill -9 $inflight 2>/dev/null; wait $inflight 2>/dev/null
+kill -9 $inflight 2>/dev/null; kill -CONT $inflight 2>/dev/null; wait $inflight 2>/dev/null
 i=0; ns=; until ns=$(ns_of $bdf) || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done
 fact BACK $([ -b "$ns" ] && echo 1 || echo 0)
 "#
@@ -361,12 +392,9 @@ pub fn run(options: &KillOptions, mut on_round: impl FnMut(&RoundReport)) -> Res
     let mut slots: BTreeMap<u32, SlotWrite> = BTreeMap::new();
     let mut next_round = 1;
     loop {
-        let last = next_round > options.rounds;
-        let count = if last {
-            0
-        } else {
-            options.rounds_per_boot.min(options.rounds - next_round + 1)
-        };
+        let count = options
+            .rounds_per_boot
+            .min((options.rounds + 1).saturating_sub(next_round));
         let rounds: Vec<SlotWrite> = (next_round..next_round + count)
             .map(|round| SlotWrite {
                 slot: (round - 1) % SLOTS,
@@ -375,187 +403,215 @@ pub fn run(options: &KillOptions, mut on_round: impl FnMut(&RoundReport)) -> Res
             })
             .collect();
         report.boots += 1;
-        let boot = report.boots;
-        let verified = run_boot(
+        let boot = Boot {
+            number: report.boots,
+            copies: &copies,
+            image: &image,
             options,
-            &copies,
-            &image,
-            boot,
-            &slots,
-            &rounds,
-            &mut report,
-            &mut on_round,
-        )?;
-        if last {
-            report.final_slots_verified = verified;
+        };
+        let done = boot.run(&slots, &rounds, &mut report, &mut on_round)?;
+        if rounds.is_empty() {
+            report.final_slots_verified = slots.len();
             return Ok(report);
         }
-        for w in &rounds {
+        for w in &rounds[..done] {
             slots.insert(w.slot, *w);
         }
-        next_round += count;
+        next_round += done as u32;
     }
 }
 
-/// One QEMU boot: verify `before`, then run `rounds` (none: verify only).
-/// Returns how many slots the boot verified at its start.
-#[allow(clippy::too_many_arguments)]
-fn run_boot(
-    options: &KillOptions,
-    copies: &Path,
-    image: &Path,
-    boot: u32,
-    before: &BTreeMap<u32, SlotWrite>,
-    rounds: &[SlotWrite],
-    report: &mut KillReport,
-    on_round: &mut impl FnMut(&RoundReport),
-) -> Result<usize> {
-    let script = boot_script(before, rounds);
-    let mut lab_options = LabOptions::new("lab", Mode::Exec(script));
-    lab_options.state = Some(options.state.clone());
-    lab_options.share = Some(copies.to_path_buf());
-    lab_options.timeout = Some(PHASE_TIMEOUT);
-    lab_options.stream_output = options.stream_output;
-    let mut lab = Lab::start(&lab_options).context("starting the lab")?;
-    let run_dir = lab.run_dir.clone();
-    report.run_dirs.push(run_dir.clone());
-    let in_run =
-        |e: anyhow::Error| e.context(format!("boot {boot}, run folder {}", run_dir.display()));
+/// One QEMU boot of a kill run.
+struct Boot<'a> {
+    number: u32,
+    copies: &'a Path,
+    image: &'a Path,
+    options: &'a KillOptions,
+}
 
-    let ready = lab
-        .wait_guest_file("ready", PHASE_TIMEOUT)
-        .map_err(in_run)?;
-    let facts = parse_facts(&ready);
-    for w in before.values() {
-        check_verify(&run_dir, &facts, "boot", w).map_err(in_run)?;
+/// QEMU's exit, if it aborted by itself (SIGABRT); any other exit of
+/// QEMU is an error.
+fn qemu_aborted(lab: &mut Lab) -> Result<bool> {
+    match lab.qemu_exited()? {
+        None => Ok(false),
+        Some(status) if status.signal() == Some(libc::SIGABRT) => Ok(true),
+        Some(status) => bail!(
+            "QEMU exited ({status}) when {DEVICE}'s server died; QEMU log:\n{}",
+            crate::lab::tail(&lab.run_dir.join("qemu.log"), 10)
+        ),
     }
-    // The round that killed the previous QEMU is checked by this boot.
-    if let Some(previous) = report.rounds.last_mut() {
-        previous.slots_verified = before.len();
-    }
-    ensure!(
-        fact(&facts, "KERNEL_COMPLAINTS", "boot").map_err(in_run)? == "0",
-        "boot {boot}: the guest kernel complained (run folder {})",
-        run_dir.display()
-    );
-    if rounds.is_empty() {
-        let outcome = lab.finish(&lab_options).map_err(in_run)?;
-        ensure!(
-            outcome.status == Some(0),
-            "the verifying boot's script failed ({:?}); output:\n{}\n(run folder {})",
-            outcome.status,
-            outcome.output,
-            run_dir.display()
-        );
-        return Ok(before.len());
+}
+
+impl Boot<'_> {
+    /// Verifies `before`, then runs `rounds` (none: verify only). Returns
+    /// how many of the rounds ran: fewer when QEMU aborted.
+    fn run(
+        &self,
+        before: &BTreeMap<u32, SlotWrite>,
+        rounds: &[SlotWrite],
+        report: &mut KillReport,
+        on_round: &mut impl FnMut(&RoundReport),
+    ) -> Result<usize> {
+        let mut lab_options = LabOptions::new("lab", Mode::Exec(boot_script(before, rounds)));
+        lab_options.state = Some(self.options.state.clone());
+        lab_options.share = Some(self.copies.to_path_buf());
+        lab_options.timeout = Some(PHASE_TIMEOUT);
+        lab_options.stream_output = self.options.stream_output;
+        let mut lab = Lab::start(&lab_options).context("starting the lab")?;
+        let run_dir = lab.run_dir.clone();
+        report.run_dirs.push(run_dir.clone());
+        let boot = self.number;
+        let in_run = || format!("boot {boot}, run folder {}", run_dir.display());
+        let done = self
+            .rounds(&mut lab, before, rounds, report, on_round)
+            .with_context(in_run)?;
+        if rounds.is_empty() {
+            let outcome = lab.finish(&lab_options).with_context(in_run)?;
+            ensure!(
+                outcome.status == Some(0),
+                "the verifying boot's script failed ({:?}); output:\n{}\n{}",
+                outcome.status,
+                outcome.output,
+                in_run()
+            );
+        }
+        Ok(done)
     }
 
-    let mut qmp = connect_qmp(&mut lab).map_err(in_run)?;
-    let mut slots = before.clone();
-    for (i, w) in rounds.iter().enumerate() {
-        let r = w.round;
-        let what = format!("round {r}");
-        slots.insert(w.slot, *w);
-        let flushed = lab
-            .wait_guest_file(&format!("flushed-{r}"), PHASE_TIMEOUT)
-            .map_err(in_run)?;
-        let facts = parse_facts(&flushed);
-        let write = fio_job(&run_dir.join(format!("guest/write-{r}.json"))).map_err(in_run)?;
-        ensure!(
-            fact(&facts, "WRITE_STATUS", &what)? == "0"
-                && write["error"].as_i64() == Some(0)
-                && write["write"]["io_bytes"].as_u64() == Some(SLOT_BYTES),
-            "{what}: fio's verify write failed: {write} (run folder {})",
-            run_dir.display()
-        );
-        ensure!(
-            fact(&facts, "COPY_STATUS", &what)? == "0",
-            "{what}: the guest could not read the slot back (run folder {})",
-            run_dir.display()
-        );
-        let inflight_writes = fact_u64(&facts, "INFLIGHT_WRITES", &what)?;
-        // Every round's fsync is a Flush on a server started at most one
-        // round ago.
-        let flushes = wait_flushes(&lab, 1).map_err(in_run)?;
-
-        let status = lab.kill_server(DEVICE).map_err(in_run)?;
-        ensure!(
-            killed_by_sigkill(status),
-            "{what}: {DEVICE} ended with {status} before the SIGKILL"
-        );
-        for slot in slots.values() {
-            compare_slot(image, copies, slot)
-                .with_context(|| format!("{what}: after the SIGKILL of {DEVICE}"))
-                .map_err(in_run)?;
+    fn rounds(
+        &self,
+        lab: &mut Lab,
+        before: &BTreeMap<u32, SlotWrite>,
+        rounds: &[SlotWrite],
+        report: &mut KillReport,
+        on_round: &mut impl FnMut(&RoundReport),
+    ) -> Result<usize> {
+        let run_dir = lab.run_dir.clone();
+        let ready = lab.wait_guest_file("ready", PHASE_TIMEOUT)?;
+        let facts = parse_facts(&ready);
+        for w in before.values() {
+            check_verify(&run_dir, &facts, "boot", w)?;
+        }
+        // The round that ended the previous QEMU is checked by this boot.
+        if let Some(previous) = report.rounds.last_mut() {
+            previous.slots_verified = before.len();
         }
         ensure!(
-            lab.qemu_exited()?.is_none(),
-            "{what}: QEMU exited when {DEVICE}'s server died (run folder {})",
-            run_dir.display()
+            fact(&facts, "KERNEL_COMPLAINTS", "boot")? == "0",
+            "the guest kernel complained at boot"
         );
-        let mut round = RoundReport {
-            round: r,
-            boot,
-            write: *w,
-            flushes,
-            inflight_writes,
-            qemu_killed: false,
-            slots_compared: slots.len(),
-            unplug: None,
-            slots_verified: 0,
-        };
+        if rounds.is_empty() {
+            return Ok(0);
+        }
 
-        if i + 1 == rounds.len() {
-            let status = lab.kill_qemu().map_err(in_run)?;
+        let mut qmp = connect_qmp(lab)?;
+        let mut slots = before.clone();
+        for (i, w) in rounds.iter().enumerate() {
+            let r = w.round;
+            let what = format!("round {r}");
+            slots.insert(w.slot, *w);
+            let flushed = lab.wait_guest_file(&format!("flushed-{r}"), PHASE_TIMEOUT)?;
+            let facts = parse_facts(&flushed);
+            let write = fio_job(&run_dir.join(format!("guest/write-{r}.json")))?;
+            ensure!(
+                fact(&facts, "WRITE_STATUS", &what)? == "0"
+                    && write["error"].as_i64() == Some(0)
+                    && write["write"]["io_bytes"].as_u64() == Some(SLOT_BYTES),
+                "{what}: fio's verify write failed: {write}"
+            );
+            ensure!(
+                fact(&facts, "COPY_STATUS", &what)? == "0",
+                "{what}: the guest could not read the slot back"
+            );
+            // Every round's fsync is a Flush on a server started at most
+            // one round ago.
+            let flushes = wait_flushes(lab, 1)?;
+
+            let status = lab.kill_server(DEVICE)?;
             ensure!(
                 killed_by_sigkill(status),
-                "{what}: QEMU ended with {status} before the SIGKILL"
+                "{what}: {DEVICE} ended with {status} before the SIGKILL"
             );
-            // Nothing may have changed the file after the server died.
             for slot in slots.values() {
-                compare_slot(image, copies, slot)
-                    .with_context(|| format!("{what}: after the SIGKILL of QEMU"))
-                    .map_err(in_run)?;
+                compare_slot(self.image, self.copies, slot)
+                    .with_context(|| format!("{what}: after the SIGKILL of {DEVICE}"))?;
             }
-            round.qemu_killed = true;
+            let mut round = RoundReport {
+                round: r,
+                boot: self.number,
+                write: *w,
+                flushes,
+                inflight_writes: fact_u64(&facts, "INFLIGHT_WRITES", &what)?,
+                inflight_at_kill: fact_u64(&facts, "INFLIGHT_AT_KILL", &what)?,
+                end: RoundEnd::QemuKilled,
+                slots_compared: slots.len(),
+                slots_verified: 0,
+            };
+            // QEMU notices the dead server at once, if it is to abort.
+            sleep(Duration::from_millis(500));
+            let last = i + 1 == rounds.len();
+            let mut aborted = qemu_aborted(lab)?;
+            if last && !aborted {
+                let status = lab.kill_qemu()?;
+                ensure!(
+                    killed_by_sigkill(status),
+                    "{what}: QEMU ended with {status} before the SIGKILL"
+                );
+            }
+            let unplugged = if last || aborted {
+                None
+            } else {
+                // QEMU does not reconnect to a restarted server: take the
+                // dead device out and plug a fresh one on the same file.
+                match unplug(&mut qmp, DEVICE, UNPLUG_TIMEOUT) {
+                    Ok(took) => Some(took),
+                    Err(e) => {
+                        aborted = qemu_aborted(lab)?;
+                        if !aborted {
+                            return Err(e.context(format!("{what}: unplugging the dead {DEVICE}")));
+                        }
+                        None
+                    }
+                }
+            };
+            if let Some(took) = unplugged {
+                round.end = RoundEnd::Replugged { unplug: took };
+            } else {
+                if aborted {
+                    round.end = RoundEnd::QemuAborted;
+                    report.qemu_aborts += 1;
+                }
+                // Nothing may have changed the file after the server died.
+                for slot in slots.values() {
+                    compare_slot(self.image, self.copies, slot)
+                        .with_context(|| format!("{what}: after QEMU ended"))?;
+                }
+                on_round(&round);
+                report.rounds.push(round);
+                return Ok(i + 1);
+            }
+            lab.start_server(DEVICE)?;
+            lab.plug(&mut qmp, DEVICE)?;
+            lab.write_guest_file(&format!("replugged-{r}"), "")?;
+            let checked = lab.wait_guest_file(&format!("checked-{r}"), PHASE_TIMEOUT)?;
+            let facts = parse_facts(&checked);
+            ensure!(
+                fact(&facts, "BACK", &what)? == "1",
+                "{what}: the re-plugged {DEVICE} has no namespace"
+            );
+            for slot in slots.values() {
+                check_verify(&run_dir, &facts, &format!("r{r}"), slot)?;
+            }
+            ensure!(
+                fact(&facts, "KERNEL_COMPLAINTS", &what)? == "0",
+                "{what}: the guest kernel complained"
+            );
+            round.slots_verified = slots.len();
             on_round(&round);
             report.rounds.push(round);
-            drop(lab);
-            return Ok(before.len());
         }
-
-        // QEMU does not reconnect to a restarted server: take the dead
-        // device out and plug a fresh one on the same namespace file.
-        let took = unplug(&mut qmp, DEVICE, UNPLUG_TIMEOUT)
-            .with_context(|| format!("{what}: unplugging the dead {DEVICE}"))
-            .map_err(in_run)?;
-        round.unplug = Some(took);
-        lab.start_server(DEVICE).map_err(in_run)?;
-        lab.plug(&mut qmp, DEVICE).map_err(in_run)?;
-        lab.write_guest_file(&format!("replugged-{r}"), "")
-            .map_err(in_run)?;
-        let checked = lab
-            .wait_guest_file(&format!("checked-{r}"), PHASE_TIMEOUT)
-            .map_err(in_run)?;
-        let facts = parse_facts(&checked);
-        ensure!(
-            fact(&facts, "BACK", &what)? == "1",
-            "{what}: the re-plugged {DEVICE} has no namespace (run folder {})",
-            run_dir.display()
-        );
-        for slot in slots.values() {
-            check_verify(&run_dir, &facts, &format!("r{r}"), slot).map_err(in_run)?;
-        }
-        ensure!(
-            fact(&facts, "KERNEL_COMPLAINTS", &what)? == "0",
-            "{what}: the guest kernel complained (run folder {})",
-            run_dir.display()
-        );
-        round.slots_verified = slots.len();
-        on_round(&round);
-        report.rounds.push(round);
+        Ok(rounds.len())
     }
-    Ok(before.len())
 }
 
 #[cfg(test)]

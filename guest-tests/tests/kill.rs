@@ -31,7 +31,7 @@
 
 use std::time::Instant;
 
-use p2plab_guest_tests::kill::{self, KillOptions, SLOTS};
+use p2plab_guest_tests::kill::{self, KillOptions, RoundEnd, SLOTS};
 use p2plab_guest_tests::LabPaths;
 
 /// Three server kills: two re-plugged within the first QEMU, the third with
@@ -57,7 +57,6 @@ fn flushed_writes_survive_sigkill_of_the_server_and_of_qemu() {
     eprintln!("kill: {ROUNDS} rounds in {:?}", started.elapsed());
 
     assert_eq!(report.rounds.len(), ROUNDS as usize);
-    assert_eq!(report.boots, 2, "one QEMU with the rounds, one verifying");
     for (i, r) in report.rounds.iter().enumerate() {
         let round = i as u32 + 1;
         assert_eq!(r.round, round);
@@ -67,13 +66,34 @@ fn flushed_writes_survive_sigkill_of_the_server_and_of_qemu() {
         assert_eq!(r.slots_compared, written, "{r:?}");
         assert_eq!(r.slots_verified, written, "{r:?}");
         assert!(r.flushes >= 1, "{r:?}");
-        // The kill landed with writes in flight (the guest waited for 100
-        // to complete before it signalled; more were queued).
+        // Unflushed writes ran up to the kill (the guest waited for 100 to
+        // complete before it signalled).
         assert!(r.inflight_writes >= 100, "{r:?}");
         let last = round == ROUNDS;
-        assert_eq!(r.qemu_killed, last, "{r:?}");
-        assert_eq!(r.unplug.is_some(), !last, "{r:?}");
+        match r.end {
+            // Re-plugged rounds kill with the guest's queues drained.
+            RoundEnd::Replugged { .. } => {
+                assert!(!last, "{r:?}");
+                assert_eq!(r.inflight_at_kill, 0, "{r:?}");
+            }
+            RoundEnd::QemuKilled => assert!(last, "{r:?}"),
+            // A QEMU 11.1 abort when its server dies ends the boot early;
+            // the next boot goes on with the remaining rounds.
+            RoundEnd::QemuAborted => {}
+        }
     }
+    // Each QEMU but the verifying one ended with a round: killed on
+    // purpose, or aborted by itself.
+    let qemu_ends = report
+        .rounds
+        .iter()
+        .filter(|r| r.end == RoundEnd::QemuKilled || r.end == RoundEnd::QemuAborted)
+        .count() as u32;
+    assert_eq!(report.boots, qemu_ends + 1, "{report:?}");
+    assert!(
+        report.qemu_aborts < ROUNDS,
+        "QEMU aborted in every round: nothing was re-plugged or killed on purpose"
+    );
     assert_eq!(report.final_slots_verified, ROUNDS as usize);
     let _ = std::fs::remove_dir_all(&state);
 }

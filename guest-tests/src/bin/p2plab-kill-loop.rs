@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use p2plab_guest_tests::kill::{self, KillOptions, RoundReport};
+use p2plab_guest_tests::kill::{self, KillOptions, RoundEnd, RoundReport};
 use p2plab_guest_tests::LabPaths;
 
 #[derive(Parser, Debug)]
@@ -39,24 +39,26 @@ fn seconds(d: Duration) -> String {
 }
 
 fn print_round(r: &RoundReport, started: Instant) {
+    let end = match r.end {
+        RoundEnd::Replugged { unplug } => format!(
+            "re-plugged (unplug {}), {} slots verified",
+            seconds(unplug),
+            r.slots_verified
+        ),
+        RoundEnd::QemuKilled => "QEMU killed too".to_owned(),
+        RoundEnd::QemuAborted => "QEMU aborted by itself (QEMU 11.1 bug)".to_owned(),
+    };
     println!(
-        "round {:>4}  boot {:>3}  slot {} seed {}  flushes {:>2}  in-flight writes {:>5}  \
-         slots compared {}  {}  [{}]",
+        "round {:>4}  boot {:>3}  slot {} seed {}  flushes {:>2}  scratch writes {:>5} \
+         ({:>2} in flight at the kill)  slots compared {}  {end}  [{}]",
         r.round,
         r.boot,
         r.write.slot,
         r.write.seed,
         r.flushes,
         r.inflight_writes,
+        r.inflight_at_kill,
         r.slots_compared,
-        match r.unplug {
-            Some(d) => format!(
-                "re-plugged (unplug {}), {} slots verified",
-                seconds(d),
-                r.slots_verified
-            ),
-            None => "QEMU killed too".to_owned(),
-        },
         seconds(started.elapsed()),
     );
 }
@@ -89,15 +91,28 @@ fn main() -> ExitCode {
     match result {
         Ok(report) => {
             let compared: usize = report.rounds.iter().map(|r| r.slots_compared).sum();
-            let unplugs: Vec<Duration> = report.rounds.iter().filter_map(|r| r.unplug).collect();
+            let unplugs: Vec<Duration> = report
+                .rounds
+                .iter()
+                .filter_map(|r| match r.end {
+                    RoundEnd::Replugged { unplug } => Some(unplug),
+                    _ => None,
+                })
+                .collect();
             let slowest = unplugs.iter().max().copied().unwrap_or_default();
             println!(
-                "kill-loop: PASS  {} rounds, {} QEMU boots ({} QEMU kills), {} slot comparisons \
-                 against the namespace file, {} slots verified by the last boot; slowest unplug \
-                 of a dead device {}; {} in all",
+                "kill-loop: PASS  {} rounds, {} QEMU boots ({} QEMU kills, {} QEMU aborts), {} \
+                 re-plugs, {} slot comparisons against the namespace file, {} slots verified by \
+                 the last boot; slowest unplug of a dead device {}; {} in all",
                 report.rounds.len(),
                 report.boots,
-                report.rounds.iter().filter(|r| r.qemu_killed).count(),
+                report
+                    .rounds
+                    .iter()
+                    .filter(|r| r.end == RoundEnd::QemuKilled)
+                    .count(),
+                report.qemu_aborts,
+                unplugs.len(),
                 compared,
                 report.final_slots_verified,
                 seconds(slowest),
