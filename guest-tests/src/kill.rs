@@ -44,6 +44,8 @@ use crate::{Lab, LabOptions, Mode};
 pub const DEVICE: &str = "nvme0";
 /// Bytes of one slot: fio writes it with 4 KiB blocks.
 pub const SLOT_BYTES: u64 = 4 << 20;
+/// The slots start here, after the partition table in sector 0.
+const SLOTS_OFFSET: u64 = 16 << 20;
 /// Slots rotate: round r writes slot (r - 1) % SLOTS with a new seed, so
 /// a lost rewrite shows as the old seed in fio's block headers.
 pub const SLOTS: u32 = 8;
@@ -126,6 +128,13 @@ pub struct KillReport {
     pub final_slots_verified: usize,
     /// Rounds in which QEMU aborted on its own ([`RoundEnd::QemuAborted`]).
     pub qemu_aborts: u32,
+    /// The ext4 file system as the next boot will find it.
+    pub fs: FsState,
+    /// Boots whose e2fsck -fn found the file system clean (after the
+    /// journal replay of a mount), and the fsynced files the last one
+    /// found intact.
+    pub clean_fscks: u32,
+    pub fs_files_verified: usize,
     pub run_dirs: Vec<PathBuf>,
 }
 
@@ -158,6 +167,7 @@ fn fact_u64(facts: &BTreeMap<String, String>, key: &str, what: &str) -> Result<u
 const SCRIPT_HEAD: &str = r#"
 set -u
 SLOT_MIB=4
+SLOTS_MIB=16
 : > /tmp/facts
 # fact KEY VALUE: printed, and kept for the next signal file.
 fact() { echo "$1=$2"; echo "$1=$2" >> /tmp/facts; }
@@ -173,7 +183,7 @@ ns_of() { c=$(ls -d /sys/bus/pci/devices/$1/nvme/nvme* 2>/dev/null | head -n1); 
 # be the same job shape as the write run.
 fio_slot() {
   seed=$1 slot=$2 name=$3; shift 3
-  fio --name=slot$slot --filename=$ns --rw=randwrite --bs=4k --offset=$((slot * SLOT_MIB))M \
+  fio --name=slot$slot --filename=$ns --rw=randwrite --bs=4k --offset=$((SLOTS_MIB + slot * SLOT_MIB))M \
     --size=${SLOT_MIB}M --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c \
     --randrepeat=1 --randseed=$seed --verify_state_save=0 --output-format=json \
     --output=/run/p2plab/$name.json \
@@ -189,6 +199,7 @@ inflight_now() { awk '{print $1 + $2}' /sys/block/${ns#/dev/}/inflight; }
 ns=$(p2plab-nvme-ns 1) || { echo "no NVMe namespace"; exit 1; }
 bdf=$(basename "$(readlink -f /sys/block/${ns#/dev/}/device/device)")
 fact NVME_BDF $bdf
+mkdir -p /mnt/fs
 "#;
 
 /// Rounds that re-plug within the boot stop the scratch writer (one
@@ -207,12 +218,94 @@ fn verify_lines(script: &mut String, slots: &BTreeMap<u32, SlotWrite>, tag: &str
     }
 }
 
+/// The ext4 file system in partition 1 of the namespace, after the
+/// scratch region: created by the first boot, written and fsynced by the
+/// last round of each boot (QEMU dies with it mounted), and checked by the
+/// next boot: journal replay on mount, every fsynced file, e2fsck.
+const FS_START_SECTOR: u64 = 768 << 11;
+const FS_SECTORS: u64 = 256 << 11;
+
+/// The namespace's size in the lab topology (`size=1G`).
+const NAMESPACE_BYTES: u64 = 1 << 30;
+
+/// Creates the namespace file with an MBR partition table whose one
+/// partition (type 83, Linux) is the file system's range; the guest image
+/// has no sfdisk.
+fn write_partition_table(image: &Path) -> Result<()> {
+    let mut mbr = [0u8; 512];
+    let entry = &mut mbr[446..462];
+    // Not bootable; CHS fields at their "use LBA" maximum.
+    entry[1..4].copy_from_slice(&[0xfe, 0xff, 0xff]);
+    entry[4] = 0x83;
+    entry[5..8].copy_from_slice(&[0xfe, 0xff, 0xff]);
+    entry[8..12].copy_from_slice(&u32::try_from(FS_START_SECTOR)?.to_le_bytes());
+    entry[12..16].copy_from_slice(&u32::try_from(FS_SECTORS)?.to_le_bytes());
+    mbr[510] = 0x55;
+    mbr[511] = 0xaa;
+    let file = File::create(image).with_context(|| format!("creating {}", image.display()))?;
+    file.set_len(NAMESPACE_BYTES)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, &mbr, 0)
+        .with_context(|| format!("writing the partition table of {}", image.display()))?;
+    Ok(())
+}
+
+/// What the file system holds when a boot starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsState {
+    /// The first boot created it.
+    pub created: bool,
+    /// Rounds whose file (`round-R.bin`, fsynced) it must hold.
+    pub files: Vec<u32>,
+}
+
+fn fs_check_lines(script: &mut String, fs: &FsState) {
+    if !fs.created {
+        // The host wrote the partition table ([`write_partition_table`]).
+        script.push_str(
+            "fact FS_PARTITION $([ -b ${ns}p1 ] && echo 0 || echo 1)\n\
+             mkfs.ext4 -q -F -E nodiscard ${ns}p1 >/run/p2plab/mkfs.out 2>&1\n\
+             fact FS_MKFS $?\n",
+        );
+        return;
+    }
+    script.push_str(
+        "mount -t ext4 ${ns}p1 /mnt/fs
+fact FS_MOUNT $?
+",
+    );
+    for r in &fs.files {
+        script.push_str(&format!(
+            "cmp -s /mnt/fs/round-{r}.bin /mnt/host/fs-round-{r}.bin
+fact FS_FILE_{r} $?
+"
+        ));
+    }
+    script.push_str(
+        "umount /mnt/fs
+fact FS_UMOUNT $?
+         e2fsck -fn ${ns}p1 >/run/p2plab/fsck.out 2>&1
+fact FSCK $?
+",
+    );
+}
+
+/// The last round of a boot writes a file in the file system with fsync,
+/// and keeps unflushed writes to another one going while QEMU is killed.
+const FS_WRITE: &str = r#"mount -t ext4 ${ns}p1 /mnt/fs
+fact FS_MOUNT $?
+head -c 1048576 /dev/urandom > /mnt/host/fs-round-@R@.bin
+dd if=/mnt/host/fs-round-@R@.bin of=/mnt/fs/round-@R@.bin bs=1M conv=fsync 2>/dev/null && sync -f /mnt/fs
+fact FS_WRITE $?
+dd if=/dev/urandom of=/mnt/fs/unflushed-@R@.bin bs=64k count=4096 2>/dev/null &
+"#;
+
 /// The guest script of one boot: verify what earlier boots left, then the
 /// rounds; the last round waits for the host to kill QEMU. A boot with no
 /// rounds only verifies and exits.
-fn boot_script(before: &BTreeMap<u32, SlotWrite>, rounds: &[SlotWrite]) -> String {
+fn boot_script(before: &BTreeMap<u32, SlotWrite>, fs: &FsState, rounds: &[SlotWrite]) -> String {
     let mut script = String::from(SCRIPT_HEAD);
     verify_lines(&mut script, before, "boot");
+    fs_check_lines(&mut script, fs);
     script.push_str("fact KERNEL_COMPLAINTS $(complaints)\nsignal ready\n");
     let mut slots = before.clone();
     for (i, w) in rounds.iter().enumerate() {
@@ -223,9 +316,9 @@ fn boot_script(before: &BTreeMap<u32, SlotWrite>, rounds: &[SlotWrite]) -> Strin
 # --- round {r}: slot {slot}, seed {seed} ---
 fio_slot {seed} {slot} write-{r} --do_verify=0 --end_fsync=1
 fact WRITE_STATUS $?
-dd if=$ns of=/mnt/host/slot-{slot}.bin bs=1M skip=$(({slot} * SLOT_MIB)) count=$SLOT_MIB iflag=direct 2>/dev/null
+dd if=$ns of=/mnt/host/slot-{slot}.bin bs=1M skip=$((SLOTS_MIB + {slot} * SLOT_MIB)) count=$SLOT_MIB iflag=direct 2>/dev/null
 fact COPY_STATUS $?
-w0=$(writes_done)
+{fs_write}w0=$(writes_done)
 fio --name=inflight --filename=$ns --rw=randwrite --bs=64k --offset={SCRATCH_OFFSET_MIB}M \
   --size={SCRATCH_MIB}M --direct=1 --ioengine=libaio --iodepth=16 --time_based --runtime=3600 \
   --thread >/dev/null 2>&1 &
@@ -238,6 +331,11 @@ signal flushed-{r}
             slot = w.slot,
             seed = w.seed,
             quiesce = if i + 1 == rounds.len() { "" } else { QUIESCE },
+            fs_write = if i + 1 == rounds.len() {
+                FS_WRITE.replace("@R@", &r.to_string())
+            } else {
+                String::new()
+            },
         ));
         if i + 1 == rounds.len() {
             // The host kills the server, then QEMU, while this sleeps.
@@ -315,7 +413,7 @@ fn compare_slot(image: &Path, copies: &Path, w: &SlotWrite) -> Result<()> {
     let mut on_disk = vec![0u8; copy.len()];
     std::io::Seek::seek(
         &mut file,
-        std::io::SeekFrom::Start(u64::from(w.slot) * SLOT_BYTES),
+        std::io::SeekFrom::Start(SLOTS_OFFSET + u64::from(w.slot) * SLOT_BYTES),
     )?;
     file.read_exact(&mut on_disk)
         .with_context(|| format!("reading slot {} of {}", w.slot, image.display()))?;
@@ -387,6 +485,7 @@ pub fn run(options: &KillOptions, mut on_round: impl FnMut(&RoundReport)) -> Res
     let copies = options.state.join("slots");
     std::fs::create_dir_all(&copies).with_context(|| format!("creating {}", copies.display()))?;
     let image = options.state.join("nvme0n1.img");
+    write_partition_table(&image)?;
 
     let mut report = KillReport::default();
     let mut slots: BTreeMap<u32, SlotWrite> = BTreeMap::new();
@@ -443,6 +542,53 @@ fn qemu_aborted(lab: &mut Lab) -> Result<bool> {
 }
 
 impl Boot<'_> {
+    /// The file system facts of a boot's start: created, or mounted (the
+    /// journal replayed), every fsynced file intact, and e2fsck clean.
+    fn check_fs(
+        &self,
+        lab: &Lab,
+        facts: &BTreeMap<String, String>,
+        report: &mut KillReport,
+    ) -> Result<()> {
+        let guest = lab.guest_dir();
+        let out = |name: &str| std::fs::read_to_string(guest.join(name)).unwrap_or_default();
+        if !report.fs.created {
+            ensure!(
+                fact(facts, "FS_PARTITION", "boot")? == "0",
+                "the guest sees no partition 1 on the namespace"
+            );
+            ensure!(
+                fact(facts, "FS_MKFS", "boot")? == "0",
+                "mkfs.ext4 failed: {}",
+                out("mkfs.out")
+            );
+            report.fs.created = true;
+            return Ok(());
+        }
+        ensure!(
+            fact(facts, "FS_MOUNT", "boot")? == "0",
+            "the ext4 file system left by the killed QEMU does not mount"
+        );
+        for r in &report.fs.files {
+            let status = fact(facts, &format!("FS_FILE_{r}"), "boot")?;
+            ensure!(
+                status == "0",
+                "round-{r}.bin, fsynced in round {r} before QEMU was killed, differs from what \
+                 was written (cmp status {status})"
+            );
+        }
+        ensure!(fact(facts, "FS_UMOUNT", "boot")? == "0", "umount failed");
+        let fsck = fact(facts, "FSCK", "boot")?;
+        ensure!(
+            fsck == "0",
+            "e2fsck -fn found the file system damaged (status {fsck}):\n{}",
+            out("fsck.out")
+        );
+        report.clean_fscks += 1;
+        report.fs_files_verified = report.fs.files.len();
+        Ok(())
+    }
+
     /// Verifies `before`, then runs `rounds` (none: verify only). Returns
     /// how many of the rounds ran: fewer when QEMU aborted.
     fn run(
@@ -452,7 +598,8 @@ impl Boot<'_> {
         report: &mut KillReport,
         on_round: &mut impl FnMut(&RoundReport),
     ) -> Result<usize> {
-        let mut lab_options = LabOptions::new("lab", Mode::Exec(boot_script(before, rounds)));
+        let mut lab_options =
+            LabOptions::new("lab", Mode::Exec(boot_script(before, &report.fs, rounds)));
         lab_options.state = Some(self.options.state.clone());
         lab_options.share = Some(self.copies.to_path_buf());
         lab_options.timeout = Some(PHASE_TIMEOUT);
@@ -496,6 +643,7 @@ impl Boot<'_> {
         if let Some(previous) = report.rounds.last_mut() {
             previous.slots_verified = before.len();
         }
+        self.check_fs(lab, &facts, report)?;
         ensure!(
             fact(&facts, "KERNEL_COMPLAINTS", "boot")? == "0",
             "the guest kernel complained at boot"
@@ -551,6 +699,14 @@ impl Boot<'_> {
             sleep(Duration::from_millis(500));
             let last = i + 1 == rounds.len();
             let mut aborted = qemu_aborted(lab)?;
+            if last {
+                ensure!(
+                    fact(&facts, "FS_MOUNT", &what)? == "0"
+                        && fact(&facts, "FS_WRITE", &what)? == "0",
+                    "{what}: writing the file system failed"
+                );
+                report.fs.files.push(r);
+            }
             if last && !aborted {
                 let status = lab.kill_qemu()?;
                 ensure!(
@@ -627,6 +783,27 @@ mod tests {
     }
 
     #[test]
+    fn the_partition_table_is_one_linux_partition_after_the_scratch_region() {
+        let dir = std::env::temp_dir().join(format!("p2plab-kill-mbr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("ns.img");
+        write_partition_table(&image).unwrap();
+        let bytes = std::fs::read(&image).unwrap();
+        assert_eq!(bytes.len() as u64, NAMESPACE_BYTES);
+        assert_eq!(&bytes[510..512], &[0x55, 0xaa]);
+        assert_eq!(bytes[446 + 4], 0x83);
+        let start = u32::from_le_bytes(bytes[454..458].try_into().unwrap());
+        let sectors = u32::from_le_bytes(bytes[458..462].try_into().unwrap());
+        assert_eq!(
+            u64::from(start) * 512,
+            (SCRATCH_OFFSET_MIB + SCRATCH_MIB) << 20
+        );
+        assert_eq!(u64::from(start + sectors) * 512, NAMESPACE_BYTES);
+        assert!(SLOTS_OFFSET + u64::from(SLOTS) * SLOT_BYTES <= SCRATCH_OFFSET_MIB << 20);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn facts_parse_only_upper_case_keys() {
         let facts = parse_facts("WRITE_STATUS=0\nnoise=1\nVERIFY_r1_SLOT0=84\n");
         assert_eq!(facts.get("WRITE_STATUS").map(String::as_str), Some("0"));
@@ -637,7 +814,16 @@ mod tests {
     #[test]
     fn a_boot_verifies_every_slot_after_each_replug_and_ends_waiting_for_the_kill() {
         let before: BTreeMap<u32, SlotWrite> = [(0, w(1))].into_iter().collect();
-        let script = boot_script(&before, &[w(2), w(3)]);
+        let fs = FsState {
+            created: true,
+            files: vec![1],
+        };
+        let script = boot_script(&before, &fs, &[w(2), w(3)]);
+        assert!(script.contains("cmp -s /mnt/fs/round-1.bin /mnt/host/fs-round-1.bin"));
+        assert!(script.contains("e2fsck -fn"));
+        // Only the boot's last round writes the file system.
+        assert!(!script.contains("of=/mnt/fs/round-2.bin"));
+        assert!(script.contains("of=/mnt/fs/round-3.bin bs=1M conv=fsync"));
         assert!(script.contains("verify_slot 1001 0 boot\n"));
         assert!(script.contains("fio_slot 1002 1 write-2 --do_verify=0 --end_fsync=1"));
         assert!(script.contains("wait_host replugged-2"));
@@ -646,7 +832,8 @@ mod tests {
         assert!(!script.contains("wait_host replugged-3"));
         assert!(script.trim_end().ends_with("exit 1"));
         // A verify-only boot ends on its own.
-        let verify = boot_script(&before, &[]);
+        let verify = boot_script(&before, &fs, &[]);
+        assert!(boot_script(&before, &FsState::default(), &[]).contains("mkfs.ext4"));
         assert!(verify.trim_end().ends_with("exit 0"));
         assert!(!verify.contains("fio_slot 1"));
     }

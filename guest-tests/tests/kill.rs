@@ -95,5 +95,14 @@ fn flushed_writes_survive_sigkill_of_the_server_and_of_qemu() {
         "QEMU aborted in every round: nothing was re-plugged or killed on purpose"
     );
     assert_eq!(report.final_slots_verified, ROUNDS as usize);
+    // The file system: every boot after the first mounted it (journal
+    // replay), found each fsynced file intact and e2fsck clean.
+    assert_eq!(report.clean_fscks, report.boots - 1, "{report:?}");
+    assert!(!report.fs.files.is_empty(), "{report:?}");
+    assert_eq!(
+        report.fs_files_verified,
+        report.fs.files.len(),
+        "{report:?}"
+    );
     let _ = std::fs::remove_dir_all(&state);
 }
