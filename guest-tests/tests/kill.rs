@@ -7,8 +7,11 @@
 //! flight elsewhere, and the host SIGKILLs `p2plab-nvme`. Rounds 1 and 2:
 //! the namespace file holds every flushed slot byte for byte, the dead
 //! device is unplugged, a fresh server on the same file is plugged in, and
-//! fio verifies every slot through it. Round 3: QEMU is SIGKILLed after the
-//! server, and a second QEMU with a restarted server verifies all slots.
+//! fio verifies every slot through it. Round 3: a file is fsynced on the
+//! namespace's ext4 partition, QEMU is SIGKILLed after the server with it
+//! mounted, and a second QEMU with a restarted server verifies all slots,
+//! mounts the file system (journal replay), compares the file and runs
+//! `e2fsck -fn`.
 //!
 //! What it catches: a server that completes a Write before the data has
 //! reached the namespace file (a write-back cache in the process, a
@@ -19,15 +22,19 @@
 //! restart that truncates or recreates the file): the re-plugged device or
 //! the second QEMU reads other data and fio's crc32c/seed check fails; a
 //! rewrite lost on restart (the slot's blocks carry the older round's
-//! seed); a controller whose volatile write cache the guest does not see
-//! (no VWC: fsync sends no Flush, `flush_commands` stays 0); QEMU dying
-//! with its device server; a guest that hangs or oopses when its
-//! controller's server dies under I/O.
+//! seed); an fsynced ext4 journal commit that did not reach the file
+//! (missing file, e2fsck errors); a controller whose volatile write cache
+//! the guest does not see (no VWC: fsync sends no Flush, `flush_commands`
+//! stays 0); QEMU dying with its device server; a guest that hangs or
+//! oopses when its controller's server dies under I/O. Checked once by
+//! hand: a server with an in-process write cache that Flush ignores fails
+//! round 1 ("slot 0 ... differs from what the device acknowledged").
 //!
 //! What it cannot catch: a Flush acknowledged before fdatasync. SIGKILL
 //! ends the process, not the host, so the page cache keeps every write that
 //! reached pwrite; only a host crash would lose it. The NVMe unit tests
-//! check that Flush calls the backend's fdatasync.
+//! check that Flush, FUA and turning the cache off reach the backend's
+//! flush (`FileBackend::flush` is fdatasync).
 
 use std::time::Instant;
 
