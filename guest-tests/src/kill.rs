@@ -7,8 +7,11 @@
 //!    (`--verify=crc32c`, a seed per round, O_DIRECT), ends with fsync
 //!    (an NVMe Flush), and copies what the device then returns to the
 //!    shared folder: that copy is what the controller acknowledged;
-//! 2. it starts unflushed writes elsewhere (scratch region) so the kill
-//!    lands with I/O in flight, and tells the host;
+//! 2. it starts unflushed writes elsewhere (scratch region) and tells the
+//!    host; rounds that re-plug stop them and let the queues drain first
+//!    (QEMU 11.1 tends to abort when its server dies under I/O, see
+//!    [`RoundEnd::QemuAborted`]), the last round of a boot kills with
+//!    them running;
 //! 3. the host checks the Flush reached the controller (its stats), then
 //!    SIGKILLs `p2plab-nvme` and compares every slot written so far with
 //!    the namespace file, byte for byte;
@@ -17,7 +20,10 @@
 //!    fio (`--verify_only`, the seed of the slot's last round);
 //!    the last round of a boot SIGKILLs QEMU after the server instead,
 //!    and the next boot (a second QEMU, a restarted server) verifies
-//!    every slot before it goes on.
+//!    every slot before it goes on;
+//! 5. the namespace's ext4 partition: the last round of a boot fsyncs a
+//!    file there, QEMU dies with it mounted, the next boot mounts it
+//!    (journal replay), compares every such file and runs `e2fsck -fn`.
 //!
 //! QEMU 11.1 does not reconnect a `vfio-user-pci` device to a restarted
 //! server, hence the unplug and re-plug inside a boot.
