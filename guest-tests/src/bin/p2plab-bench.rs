@@ -6,7 +6,8 @@
 //! runs p2plab-nvme through the page cache and the anchor with
 //! `cache=writeback`; `direct` runs p2plab-nvme with O_DIRECT
 //! (`--caching direct`) and the anchor with `cache=none`. Each round boots
-//! both topologies in turn; the figures are true medians over the rounds
+//! the three topologies in turn (p2plab, the anchor, and two NVMe with a GPU
+//! for NVMe → NVMe copies through RAM, GPU p2pmem and a CMB); the figures are true medians over the rounds
 //! with their min–max spread. Everything measured goes to `results.json`
 //! and `results.svg` in a bench folder under `runs/`.
 
@@ -45,6 +46,13 @@ struct Cli {
     /// Topology for p2plab's devices (needs nvme0, and gpu0 for P2P).
     #[arg(long, default_value = "lab")]
     ours: String,
+    /// Topology for the NVMe → NVMe copies (needs nvme0 and nvme1 with
+    /// serials P2PLAB-NVME0 and P2PLAB-NVME1, and gpu0).
+    #[arg(long, default_value = "two-nvme")]
+    copy_topology: String,
+    /// Bytes each NVMe → NVMe copy moves.
+    #[arg(long, default_value = "512M", value_parser = parse_copy_len)]
+    copy_len: String,
     /// Topology for the anchor; its one `-drive` gets the cache mode.
     #[arg(long, default_value = "anchor-qemu-nvme")]
     anchor: String,
@@ -138,6 +146,64 @@ const P2P: &[Job] = &[
     },
 ];
 
+fn parse_copy_len(text: &str) -> Result<String, String> {
+    match p2plab_guest_tests::topology::parse_size(text) {
+        Some(n) if (1 << 20..=1 << 30).contains(&n) && n.is_multiple_of(1 << 20) => {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!("{text:?}: a whole number of MiB, 1M..1G")),
+    }
+}
+
+/// Buffers the NVMe → NVMe copies go through, in the same boot: guest RAM
+/// (the reference), the GPU's p2pmem and nvme1's CMB.
+const COPY_BUFFERS: &[(&str, &str)] = &[
+    ("ram", "ram"),
+    ("gpu0-p2pmem", "$gpu_bdf"),
+    ("nvme1-cmb", "$nvme1_bdf"),
+];
+
+/// Copies nvme0 → nvme1 through each buffer with p2plab-p2pio (1 MiB
+/// chunks, 4 threads, an 8 MiB buffer); one `COPY NAME KEY=VALUE...` line
+/// each.
+fn copy_script(len: &str) -> String {
+    let mut script = String::from(
+        r#"set -e
+src=$(p2plab-nvme-ns --serial P2PLAB-NVME0 1)
+dst=$(p2plab-nvme-ns --serial P2PLAB-NVME1 1)
+nvme1_bdf=$(basename "$(readlink -f /sys/class/nvme/$(p2plab-nvme-ns --ctrl-of P2PLAB-NVME1)/device)")
+gpu_bdf=$(for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = 0x030200 ] && basename $d; done | head -n1)
+for d in $gpu_bdf $nvme1_bdf; do
+  [ "$(cat /sys/bus/pci/devices/$d/p2pmem/published)" = 1 ] || { echo "no published p2pmem on $d"; exit 1; }
+done
+"#,
+    );
+    for (name, bdf) in COPY_BUFFERS {
+        script.push_str(&format!(
+            "echo COPY {name} $(p2plab-p2pio --p2pmem {bdf} copy --src $src --dst $dst --len {len} \
+             --chunk 1M --threads 4 --buffer 8M 2>&1 | tr '\\n' ' ')\n"
+        ));
+    }
+    script
+}
+
+/// MiB/s of one copy line, which must have moved `len` bytes without errors.
+fn parse_copy(line: &str, len: u64) -> Result<f64> {
+    let value = |key: &str| -> Option<&str> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    };
+    let number = |key: &str| -> Result<f64> {
+        value(key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no {key} in {line:?}"))
+    };
+    if number("ERRORS")? != 0.0 || number("BYTES")? != len as f64 {
+        bail!("the copy failed or was short: {line:?}");
+    }
+    number("MIB_PER_SEC")
+}
+
 fn fio_line(label: &str, fio: &str, mem: &str, runtime: u32) -> String {
     format!(
         "echo BENCH {label} $(fio --name={label} --filename=/dev/nvme0n1 --direct=1 {fio}{mem} \
@@ -228,9 +294,35 @@ fn parse_fio(json: &str) -> Result<Sample> {
 struct Side {
     /// job label -> one sample per round
     samples: BTreeMap<String, Vec<Sample>>,
+    /// copy buffer -> MiB/s per round
+    copies: BTreeMap<String, Vec<f64>>,
     /// process -> peak RSS per round, bytes
     rss: BTreeMap<String, Vec<u64>>,
     run_dirs: Vec<PathBuf>,
+}
+
+fn run_copies(options: &LabOptions, len: u64, side: &mut Side) -> Result<()> {
+    let outcome = Lab::run(options)?;
+    let topology = &options.topology;
+    if outcome.status != Some(0) {
+        bail!("{topology}: guest copies failed:\n{}", outcome.output);
+    }
+    for (name, _) in COPY_BUFFERS {
+        let prefix = format!("COPY {name} ");
+        let line = outcome
+            .output
+            .lines()
+            .find_map(|l| l.find(&prefix).map(|at| &l[at + prefix.len()..]))
+            .with_context(|| format!("{topology}: no result for the copy via {name}"))?;
+        let mib = parse_copy(line, len).with_context(|| format!("{topology}: copy via {name}"))?;
+        side.copies.entry((*name).to_owned()).or_default().push(mib);
+    }
+    eprintln!(
+        "p2plab-bench: {topology} done (run folder {})",
+        outcome.run_dir.display()
+    );
+    side.run_dirs.push(outcome.run_dir);
+    Ok(())
 }
 
 fn run_one(options: &LabOptions, labels: &[String], side: &mut Side) -> Result<()> {
@@ -370,7 +462,17 @@ fn compared_rows(ours: &Side, anchor: &Side) -> Vec<Row> {
     rows
 }
 
-fn p2p_rows(ours: &Side) -> Vec<Row> {
+fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
+    let copy = |name: &str| copies.copies.get(name).cloned().unwrap_or_default();
+    let copy_rows = COPY_BUFFERS
+        .iter()
+        .filter(|(name, _)| *name != "ram")
+        .map(|(name, _)| Row {
+            label: format!("nvme-to-nvme-copy via {name} MiB/s"),
+            left: copy(name),
+            right: copy("ram"),
+            lower_is_better: false,
+        });
     P2P.iter()
         .map(|job| Row {
             label: format!("{} {}", job.name, job.metric.label()),
@@ -378,6 +480,7 @@ fn p2p_rows(ours: &Side) -> Vec<Row> {
             right: figures(ours, &format!("ram-{}", job.name), |s| s.figure(job.metric)),
             lower_is_better: false,
         })
+        .chain(copy_rows)
         .collect()
 }
 
@@ -576,19 +679,33 @@ fn run(cli: &Cli) -> Result<()> {
         }
     }
 
+    let mut copy_options =
+        LabOptions::new(&cli.copy_topology, Mode::Exec(copy_script(&cli.copy_len)));
+    copy_options.stream_output = false;
+    copy_options.timeout = timeout;
+    copy_options.server_args = ["nvme0", "nvme1"]
+        .iter()
+        .map(|id| ((*id).to_owned(), server_args.clone()))
+        .collect();
+    let copy_len = p2plab_guest_tests::topology::parse_size(&cli.copy_len).context("--copy-len")?;
+
     let mut ours = Side::default();
     let mut anchor = Side::default();
+    let mut copies = Side::default();
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: round {round}/{}", cli.rounds);
         run_one(&ours_options, &ours_labels, &mut ours)?;
         run_one(&anchor_options, &anchor_labels, &mut anchor)?;
+        if !cli.no_p2p {
+            run_copies(&copy_options, copy_len, &mut copies)?;
+        }
     }
 
     let compared = compared_rows(&ours, &anchor);
     let p2p = if cli.no_p2p {
         Vec::new()
     } else {
-        p2p_rows(&ours)
+        p2p_rows(&ours, &copies)
     };
     let rss_mib = |side: &Side| -> Value {
         side.rss
@@ -608,9 +725,10 @@ fn run(cli: &Cli) -> Result<()> {
         "caching": cli.caching.server_flag(),
         "ours": {"topology": cli.ours, "nvme0_extra_args": server_args, "run_dirs": ours.run_dirs},
         "anchor": {"topology": anchor_path, "drive": anchor_drive, "run_dirs": anchor.run_dirs},
+        "copies": {"topology": cli.copy_topology, "len": cli.copy_len, "nvme_extra_args": server_args, "run_dirs": copies.run_dirs},
         "compared_ratio": "p2plab-nvme / qemu nvme, per round",
         "compared": compared.iter().map(|r| r.json("p2plab_nvme", "qemu_nvme")).collect::<Vec<_>>(),
-        "p2p_ratio": "P2P (GPU p2pmem buffer) / RAM buffer, same boot, per round",
+        "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
         "p2p": p2p.iter().map(|r| r.json("p2p", "ram")).collect::<Vec<_>>(),
         "peak_rss_mib": {"ours": rss_mib(&ours), "anchor": rss_mib(&anchor)},
     });
@@ -737,6 +855,23 @@ mod tests {
         assert_eq!(drive, "-drive file=x,if=none,cache=none");
         assert!(set_drive_cache("-device nvme\n", "none").is_err());
         assert!(set_drive_cache("-drive file=x\n-drive file=y\n", "none").is_err());
+    }
+
+    #[test]
+    fn copy_lines_must_move_everything() {
+        let ok =
+            "P2P_BAR=ram P2P_BUFFER_LEN=8388608 BYTES=1048576 IOS=1 ERRORS=0 MIB_PER_SEC=123.5 ";
+        assert_eq!(parse_copy(ok, 1 << 20).unwrap(), 123.5);
+        assert!(parse_copy(ok, 2 << 20).is_err(), "short copy");
+        let failed = "BYTES=1048576 IOS=1 ERRORS=1 MIB_PER_SEC=1.0";
+        assert!(parse_copy(failed, 1 << 20).is_err());
+        assert!(parse_copy("p2plab-p2pio: opening ...", 1 << 20).is_err());
+        let script = copy_script("64M");
+        for (name, _) in COPY_BUFFERS {
+            assert_eq!(script.matches(&format!("echo COPY {name} ")).count(), 1);
+        }
+        assert_eq!(parse_copy_len("512M"), Ok("512M".to_owned()));
+        assert!(parse_copy_len("1000").is_err());
     }
 
     #[test]
