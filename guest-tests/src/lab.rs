@@ -171,8 +171,8 @@ fn new_run_dir(paths: &LabPaths) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// `YYYYmmdd-HHMMSS` in UTC, without a date crate.
-fn format_utc(secs: u64) -> String {
+/// `YYYYmmdd-HHMMSS` in UTC, without a date crate (run and bench folders).
+pub fn format_utc(secs: u64) -> String {
     let days = secs / 86_400;
     let rem = secs % 86_400;
     // Civil-from-days (Howard Hinnant's algorithm).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::command::{Command, Completion};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer};
 use crate::memory::Placement;
+use crate::namespace::DIRECT_ALIGN;
 use crate::queues::CompletionQueue;
 use crate::spec::Status;
 use crate::state::ControllerState;
@@ -44,7 +45,8 @@ impl Outcome {
 pub(crate) type CommandResult = Result<Outcome, Status>;
 
 /// Buffers a queue worker reuses from command to command, so that I/O
-/// allocates nothing per command.
+/// allocates nothing per command. Both start on a 4 KiB boundary, so that
+/// an O_DIRECT namespace (`--caching direct`) can use them as they are.
 #[derive(Default)]
 pub(crate) struct BounceBuffers {
     /// One chunk of logical block data on its way between host memory and
@@ -55,26 +57,34 @@ pub(crate) struct BounceBuffers {
     media: Vec<u8>,
 }
 
+/// `len` bytes of `storage` starting at its first 4 KiB boundary, growing
+/// it (with room for the alignment) when it is too short.
+fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    let need = len + DIRECT_ALIGN;
+    if storage.len() < need {
+        storage.resize(need, 0);
+    }
+    let start = storage
+        .as_ptr()
+        .align_offset(DIRECT_ALIGN)
+        .min(DIRECT_ALIGN);
+    &mut storage[start..start + len]
+}
+
 impl BounceBuffers {
     /// The `len`-byte transfer buffer; its contents are stale and must be
     /// overwritten.
     pub fn transfer(&mut self, len: usize) -> &mut [u8] {
-        if self.transfer.len() < len {
-            self.transfer.resize(len, 0);
-        }
-        &mut self.transfer[..len]
+        aligned(&mut self.transfer, len)
     }
 
     /// The transfer buffer for the host's data and the media buffer, both
     /// `len` bytes of stale contents (Compare).
     pub fn host_and_media(&mut self, len: usize) -> (&mut [u8], &mut [u8]) {
-        if self.transfer.len() < len {
-            self.transfer.resize(len, 0);
-        }
-        if self.media.len() < len {
-            self.media.resize(len, 0);
-        }
-        (&mut self.transfer[..len], &mut self.media[..len])
+        (
+            aligned(&mut self.transfer, len),
+            aligned(&mut self.media, len),
+        )
     }
 }
 
@@ -145,5 +155,22 @@ impl<'a> CommandContext<'a> {
         let mut data = vec![0u8; len];
         buf.read_from_host(&self.state.mem, &mut data)?;
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounce_buffers_start_on_a_4k_boundary() {
+        let mut b = BounceBuffers::default();
+        for len in [512, 4096, 1 << 20, 12288, 1 << 20] {
+            let t = b.transfer(len);
+            assert_eq!((t.len(), t.as_ptr() as usize % DIRECT_ALIGN), (len, 0));
+            let (h, m) = b.host_and_media(len);
+            assert_eq!((h.len(), h.as_ptr() as usize % DIRECT_ALIGN), (len, 0));
+            assert_eq!((m.len(), m.as_ptr() as usize % DIRECT_ALIGN), (len, 0));
+        }
     }
 }

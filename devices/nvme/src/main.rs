@@ -12,7 +12,7 @@ use anyhow::{anyhow, Result};
 use clap::Parser;
 use p2plab_dma::RegionMemory;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
-use p2plab_nvme::namespace::parse_size;
+use p2plab_nvme::namespace::{parse_size, Caching};
 use p2plab_nvme::server::{nvme_function, PciIds};
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
@@ -56,6 +56,13 @@ struct Args {
     /// suffixes; lba is the logical block size (default 512).
     #[arg(long = "namespace", value_name = "SPEC", required = true, value_parser = parse_namespace)]
     namespaces: Vec<NamespaceSpec>,
+
+    /// How file namespaces reach their blocks: `page` through the host's
+    /// page cache (like QEMU's cache=writeback), `direct` with O_DIRECT
+    /// (like cache=none). Benchmarks against QEMU's nvme must use the same
+    /// on both sides.
+    #[arg(long, value_name = "page|direct", default_value = "page")]
+    caching: Caching,
 
     /// Most I/O queue pairs the guest may create (1..=256); one MSI-X
     /// vector each, plus one for the admin queue.
@@ -216,7 +223,9 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let mut namespaces = Vec::new();
     for (i, spec) in args.namespaces.iter().enumerate() {
         let nsid = i as u32 + 1;
-        let backend = spec.open(nsid).map_err(|e| anyhow!("--namespace: {e}"))?;
+        let backend = spec
+            .open(nsid, args.caching)
+            .map_err(|e| anyhow!("--namespace: {e}"))?;
         info!(
             nsid,
             backing = %backend.describe(),

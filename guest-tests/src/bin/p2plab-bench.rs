@@ -1,150 +1,629 @@
 //! `p2plab-bench`: guest I/O benchmarks of p2plab's NVMe server against the
-//! anchor (QEMU's built-in nvme), side by side in one run. Each round boots
-//! both topologies in turn and runs the same fio jobs in the guest; the
-//! figures printed are medians over the rounds.
+//! anchor (QEMU's built-in nvme), side by side in one run, and of the P2P
+//! path (NVMe ↔ GPU p2pmem) against the RAM path in the same boot.
+//!
+//! Fairness: both NVMe devices use the same caching on the host. `page`
+//! runs p2plab-nvme through the page cache and the anchor with
+//! `cache=writeback`; `direct` runs p2plab-nvme with O_DIRECT
+//! (`--caching direct`) and the anchor with `cache=none`. Each round boots
+//! the three topologies in turn (p2plab, the anchor, and two NVMe with a GPU
+//! for NVMe → NVMe copies through RAM, GPU p2pmem and a CMB); the figures are true medians over the rounds
+//! with their min–max spread. Everything measured goes to `results.json`
+//! and `results.svg` in a bench folder under `runs/`.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
-use p2plab_guest_tests::{Lab, LabOptions, Mode};
+use clap::{Parser, ValueEnum};
+use p2plab_guest_tests::lab::format_utc;
+use p2plab_guest_tests::{Lab, LabOptions, LabPaths, Mode};
+use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "bench",
-    about = "Benchmark p2plab-nvme against QEMU's built-in nvme"
+    about = "Benchmark p2plab-nvme against QEMU's built-in nvme, and P2P against RAM"
 )]
 struct Cli {
-    /// Rounds; each boots both devices once (medians are printed).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    /// Rounds; each boots both devices once (medians and min–max spread).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     rounds: u32,
     /// Seconds each fio job runs.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(2..=600))]
     runtime: u32,
-    /// Topology for p2plab's device.
+    /// Host caching of both NVMe devices: `page` (p2plab-nvme through the
+    /// page cache, anchor cache=writeback) or `direct` (p2plab-nvme
+    /// O_DIRECT, anchor cache=none).
+    #[arg(long, value_enum, default_value_t = Caching::Page)]
+    caching: Caching,
+    /// Skip the P2P workloads (NVMe ↔ GPU p2pmem against the RAM path).
+    #[arg(long)]
+    no_p2p: bool,
+    /// Topology for p2plab's devices (needs nvme0, and gpu0 for P2P).
     #[arg(long, default_value = "lab")]
     ours: String,
-    /// Topology for the anchor.
+    /// Topology for the NVMe → NVMe copies (needs nvme0 and nvme1 with
+    /// serials P2PLAB-NVME0 and P2PLAB-NVME1, and gpu0).
+    #[arg(long, default_value = "two-nvme")]
+    copy_topology: String,
+    /// Bytes each NVMe → NVMe copy moves.
+    #[arg(long, default_value = "512M", value_parser = parse_copy_len)]
+    copy_len: String,
+    /// Topology for the anchor; its one `-drive` gets the cache mode.
     #[arg(long, default_value = "anchor-qemu-nvme")]
     anchor: String,
 }
 
-/// A fio workload; `name` keys the results.
-struct Workload {
-    name: &'static str,
-    fio: &'static str,
-    /// Which figure to print: IOPS or MiB/s.
-    unit: Unit,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Caching {
+    Page,
+    Direct,
 }
 
-#[derive(Clone, Copy)]
-enum Unit {
+impl Caching {
+    fn server_flag(self) -> &'static str {
+        match self {
+            Caching::Page => "page",
+            Caching::Direct => "direct",
+        }
+    }
+
+    fn qemu_cache(self) -> &'static str {
+        match self {
+            Caching::Page => "writeback",
+            Caching::Direct => "none",
+        }
+    }
+}
+
+/// Which figure a job is judged by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Metric {
     Iops,
     MibPerSec,
+    /// Completion latency: p50 and p99 matter, lower is better.
+    LatencyUs,
 }
 
-const WORKLOADS: &[Workload] = &[
-    Workload {
+impl Metric {
+    fn label(self) -> &'static str {
+        match self {
+            Metric::Iops => "IOPS",
+            Metric::MibPerSec => "MiB/s",
+            Metric::LatencyUs => "p50 µs",
+        }
+    }
+}
+
+/// A fio job: `name` keys the results.
+struct Job {
+    name: &'static str,
+    fio: &'static str,
+    metric: Metric,
+}
+
+/// Run on both p2plab-nvme and the anchor.
+const COMPARED: &[Job] = &[
+    Job {
         name: "4k-randread-qd32",
         fio: "--rw=randread --bs=4k --iodepth=32 --ioengine=libaio",
-        unit: Unit::Iops,
+        metric: Metric::Iops,
     },
-    Workload {
+    Job {
         name: "128k-seqread-qd8",
         fio: "--rw=read --bs=128k --iodepth=8 --ioengine=libaio",
-        unit: Unit::MibPerSec,
+        metric: Metric::MibPerSec,
     },
-    Workload {
+    Job {
         name: "4k-randwrite-qd32",
         fio: "--rw=randwrite --bs=4k --iodepth=32 --ioengine=libaio",
-        unit: Unit::Iops,
+        metric: Metric::Iops,
+    },
+    Job {
+        name: "4k-randread-qd1",
+        fio: "--rw=randread --bs=4k --iodepth=1 --ioengine=psync",
+        metric: Metric::LatencyUs,
     },
 ];
 
-fn guest_script(runtime: u32) -> String {
-    let mut script =
-        String::from("set -e\n[ -b /dev/nvme0n1 ] || { echo 'no /dev/nvme0n1'; exit 1; }\n");
-    for w in WORKLOADS {
+/// Run on p2plab only, twice in the same boot: once into guest RAM
+/// (`ram-NAME`) and once into the GPU's p2pmem (`p2p-NAME`), so the P2P
+/// path is judged against the RAM path under the same conditions.
+const P2P: &[Job] = &[
+    Job {
+        name: "nvme-to-gpu-1m-qd4",
+        fio: "--rw=read --bs=1M --iodepth=4 --ioengine=libaio",
+        metric: Metric::MibPerSec,
+    },
+    Job {
+        name: "gpu-to-nvme-1m-qd4",
+        fio: "--rw=write --bs=1M --iodepth=4 --ioengine=libaio",
+        metric: Metric::MibPerSec,
+    },
+];
+
+fn parse_copy_len(text: &str) -> Result<String, String> {
+    match p2plab_guest_tests::topology::parse_size(text) {
+        Some(n) if (1 << 20..=1 << 30).contains(&n) && n.is_multiple_of(1 << 20) => {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!("{text:?}: a whole number of MiB, 1M..1G")),
+    }
+}
+
+/// Buffers the NVMe → NVMe copies go through, in the same boot: guest RAM
+/// (the reference), the GPU's p2pmem and nvme1's CMB.
+const COPY_BUFFERS: &[(&str, &str)] = &[
+    ("ram", "ram"),
+    ("gpu0-p2pmem", "$gpu_bdf"),
+    ("nvme1-cmb", "$nvme1_bdf"),
+];
+
+/// Copies nvme0 → nvme1 through each buffer with p2plab-p2pio (1 MiB
+/// chunks, 4 threads, an 8 MiB buffer); one `COPY NAME KEY=VALUE...` line
+/// each.
+fn copy_script(len: &str) -> String {
+    let mut script = String::from(
+        r#"set -e
+src=$(p2plab-nvme-ns --serial P2PLAB-NVME0 1)
+dst=$(p2plab-nvme-ns --serial P2PLAB-NVME1 1)
+nvme1_bdf=$(basename "$(readlink -f /sys/class/nvme/$(p2plab-nvme-ns --ctrl-of P2PLAB-NVME1)/device)")
+gpu_bdf=$(for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = 0x030200 ] && basename $d; done | head -n1)
+for d in $gpu_bdf $nvme1_bdf; do
+  [ "$(cat /sys/bus/pci/devices/$d/p2pmem/published)" = 1 ] || { echo "no published p2pmem on $d"; exit 1; }
+done
+"#,
+    );
+    for (name, bdf) in COPY_BUFFERS {
         script.push_str(&format!(
-            "echo BENCH {name} $(fio --name={name} --filename=/dev/nvme0n1 --direct=1 {fio} \
-             --size=512M --time_based --runtime={runtime} --ramp_time=2 --output-format=json \
-             | tr -d '\\n')\n",
-            name = w.name,
-            fio = w.fio,
+            "echo COPY {name} $(p2plab-p2pio --p2pmem {bdf} copy --src $src --dst $dst --len {len} \
+             --chunk 1M --threads 4 --buffer 8M 2>&1 | tr '\\n' ' ')\n"
         ));
     }
     script
 }
 
-/// (IOPS, bytes/s, p99 completion latency in µs) for the job's main direction.
-fn parse_fio(json: &str) -> Result<(f64, f64, f64)> {
-    let value: serde_json::Value = serde_json::from_str(json).context("fio output is not JSON")?;
+/// MiB/s of one copy line, which must have moved `len` bytes without errors.
+fn parse_copy(line: &str, len: u64) -> Result<f64> {
+    let value = |key: &str| -> Option<&str> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    };
+    let number = |key: &str| -> Result<f64> {
+        value(key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no {key} in {line:?}"))
+    };
+    if number("ERRORS")? != 0.0 || number("BYTES")? != len as f64 {
+        bail!("the copy failed or was short: {line:?}");
+    }
+    number("MIB_PER_SEC")
+}
+
+fn fio_line(label: &str, fio: &str, mem: &str, runtime: u32) -> String {
+    format!(
+        "echo BENCH {label} $(fio --name={label} --filename=/dev/nvme0n1 --direct=1 {fio}{mem} \
+         --size=512M --time_based --runtime={runtime} --ramp_time=2 --output-format=json \
+         | tr -d '\\n')\n"
+    )
+}
+
+fn guest_script(runtime: u32, p2p: bool) -> String {
+    let mut script =
+        String::from("set -e\n[ -b /dev/nvme0n1 ] || { echo 'no /dev/nvme0n1'; exit 1; }\n");
+    for job in COMPARED {
+        script.push_str(&fio_line(job.name, job.fio, "", runtime));
+    }
+    if p2p {
+        script.push_str(
+            "gpu=$(for d in /sys/bus/pci/devices/*; do \
+             [ \"$(cat $d/class)\" = 0x030200 ] && echo $d; done | head -n1)\n\
+             [ -n \"$gpu\" ] && [ \"$(cat $gpu/p2pmem/published)\" = 1 ] \
+             || { echo 'no GPU with published p2pmem'; exit 1; }\n",
+        );
+        for job in P2P {
+            script.push_str(&fio_line(
+                &format!("ram-{}", job.name),
+                job.fio,
+                "",
+                runtime,
+            ));
+            script.push_str(&fio_line(
+                &format!("p2p-{}", job.name),
+                job.fio,
+                " --mem=mmapshared:$gpu/p2pmem/allocate",
+                runtime,
+            ));
+        }
+    }
+    script
+}
+
+/// One fio result for the job's busy direction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Sample {
+    iops: f64,
+    bytes_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl Sample {
+    fn figure(&self, metric: Metric) -> f64 {
+        match metric {
+            Metric::Iops => self.iops,
+            Metric::MibPerSec => self.bytes_per_sec / (1024.0 * 1024.0),
+            Metric::LatencyUs => self.p50_us,
+        }
+    }
+}
+
+fn parse_fio(json: &str) -> Result<Sample> {
+    let value: Value = serde_json::from_str(json).context("fio output is not JSON")?;
     let job = value
         .get("jobs")
         .and_then(|j| j.get(0))
         .context("fio JSON has no jobs")?;
     for dir in ["read", "write"] {
         let Some(stats) = job.get(dir) else { continue };
-        let iops = stats.get("iops").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let iops = stats.get("iops").and_then(Value::as_f64).unwrap_or(0.0);
         if iops > 0.0 {
-            let bw = stats
-                .get("bw_bytes")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(0.0);
-            let p99 = stats
-                .pointer("/clat_ns/percentile/99.000000")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(0.0)
-                / 1000.0;
-            return Ok((iops, bw, p99));
+            let number = |pointer: &str| -> Result<f64> {
+                stats
+                    .pointer(pointer)
+                    .and_then(Value::as_f64)
+                    .with_context(|| format!("fio JSON has no {dir}{pointer}"))
+            };
+            return Ok(Sample {
+                iops,
+                bytes_per_sec: number("/bw_bytes")?,
+                p50_us: number("/clat_ns/percentile/50.000000")? / 1000.0,
+                p99_us: number("/clat_ns/percentile/99.000000")? / 1000.0,
+            });
         }
     }
     bail!("fio reported no I/O")
 }
 
+/// Everything one side (ours or the anchor) measured, round by round.
 #[derive(Default)]
-struct Figures {
-    /// workload -> samples of (iops, bytes/s, p99 µs)
-    samples: BTreeMap<&'static str, Vec<(f64, f64, f64)>>,
+struct Side {
+    /// job label -> one sample per round
+    samples: BTreeMap<String, Vec<Sample>>,
+    /// copy buffer -> MiB/s per round
+    copies: BTreeMap<String, Vec<f64>>,
+    /// process -> peak RSS per round, bytes
     rss: BTreeMap<String, Vec<u64>>,
+    run_dirs: Vec<PathBuf>,
 }
 
-fn run_one(topology: &str, runtime: u32, figures: &mut Figures) -> Result<()> {
-    let mut options = LabOptions::new(topology, Mode::Exec(guest_script(runtime)));
-    options.stream_output = false;
-    options.timeout = Some(Duration::from_secs(u64::from(runtime) * 10 + 600));
-    let outcome = Lab::run(&options)?;
+fn run_copies(options: &LabOptions, len: u64, side: &mut Side) -> Result<()> {
+    let outcome = Lab::run(options)?;
+    let topology = &options.topology;
     if outcome.status != Some(0) {
-        bail!("{topology}: guest benchmark failed:\n{}", outcome.output);
+        bail!("{topology}: guest copies failed:\n{}", outcome.output);
     }
-    for w in WORKLOADS {
-        let prefix = format!("BENCH {} ", w.name);
+    for (name, _) in COPY_BUFFERS {
+        let prefix = format!("COPY {name} ");
         let line = outcome
             .output
             .lines()
             .find_map(|l| l.find(&prefix).map(|at| &l[at + prefix.len()..]))
-            .with_context(|| format!("{topology}: no result for {}", w.name))?;
-        figures
-            .samples
-            .entry(w.name)
-            .or_default()
-            .push(parse_fio(line)?);
-    }
-    for (name, bytes) in outcome.peak_rss {
-        figures.rss.entry(name).or_default().push(bytes);
+            .with_context(|| format!("{topology}: no result for the copy via {name}"))?;
+        let mib = parse_copy(line, len).with_context(|| format!("{topology}: copy via {name}"))?;
+        side.copies.entry((*name).to_owned()).or_default().push(mib);
     }
     eprintln!(
         "p2plab-bench: {topology} done (run folder {})",
         outcome.run_dir.display()
     );
+    side.run_dirs.push(outcome.run_dir);
     Ok(())
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
+fn run_one(options: &LabOptions, labels: &[String], side: &mut Side) -> Result<()> {
+    let outcome = Lab::run(options)?;
+    let topology = &options.topology;
+    if outcome.status != Some(0) {
+        bail!("{topology}: guest benchmark failed:\n{}", outcome.output);
+    }
+    for label in labels {
+        let prefix = format!("BENCH {label} ");
+        let line = outcome
+            .output
+            .lines()
+            .find_map(|l| l.find(&prefix).map(|at| &l[at + prefix.len()..]))
+            .with_context(|| format!("{topology}: no result for {label}"))?;
+        let sample = parse_fio(line).with_context(|| format!("{topology}: {label}"))?;
+        side.samples.entry(label.clone()).or_default().push(sample);
+    }
+    for (name, bytes) in outcome.peak_rss {
+        side.rss.entry(name).or_default().push(bytes);
+    }
+    eprintln!(
+        "p2plab-bench: {topology} done (run folder {})",
+        outcome.run_dir.display()
+    );
+    side.run_dirs.push(outcome.run_dir);
+    Ok(())
+}
+
+/// Median (the mean of the middle two for an even count), min and max.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn spread(values: &[f64]) -> Option<Spread> {
+    let mut v: Vec<f64> = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let (first, last) = (*v.first()?, *v.last()?);
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some(Spread {
+        median,
+        min: first,
+        max: last,
+    })
+}
+
+fn spread_json(values: &[f64]) -> Value {
+    match spread(values) {
+        Some(s) => json!({"samples": values, "median": s.median, "min": s.min, "max": s.max}),
+        None => Value::Null,
+    }
+}
+
+/// Per-round ratios a[i]/b[i]: both were measured in the same round, so
+/// their spread is the honest spread of the ratio.
+fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter(|(_, &b)| b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect()
+}
+
+fn figures(side: &Side, label: &str, pick: impl Fn(&Sample) -> f64) -> Vec<f64> {
+    side.samples
+        .get(label)
+        .into_iter()
+        .flatten()
+        .map(pick)
+        .collect()
+}
+
+/// One line of the comparison: a figure on both sides and their ratio.
+struct Row {
+    label: String,
+    left: Vec<f64>,
+    right: Vec<f64>,
+    /// Lower is better (latencies): the plot says so.
+    lower_is_better: bool,
+}
+
+impl Row {
+    fn json(&self, left_name: &str, right_name: &str) -> Value {
+        json!({
+            "figure": self.label,
+            left_name: spread_json(&self.left),
+            right_name: spread_json(&self.right),
+            "ratio": spread_json(&ratios(&self.left, &self.right)),
+            "lower_is_better": self.lower_is_better,
+        })
+    }
+
+    fn print(&self) {
+        let cell = |v: &[f64]| match spread(v) {
+            Some(s) => format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max),
+            None => "-".into(),
+        };
+        let ratio = match spread(&ratios(&self.left, &self.right)) {
+            Some(s) => format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max),
+            None => "-".into(),
+        };
+        println!(
+            "{:<34} {:>22} {:>22} {:>18}",
+            self.label,
+            cell(&self.left),
+            cell(&self.right),
+            ratio
+        );
+    }
+}
+
+fn compared_rows(ours: &Side, anchor: &Side) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for job in COMPARED {
+        let metric = |s: &Sample| s.figure(job.metric);
+        rows.push(Row {
+            label: format!("{} {}", job.name, job.metric.label()),
+            left: figures(ours, job.name, metric),
+            right: figures(anchor, job.name, metric),
+            lower_is_better: job.metric == Metric::LatencyUs,
+        });
+        rows.push(Row {
+            label: format!("{} p99 µs", job.name),
+            left: figures(ours, job.name, |s| s.p99_us),
+            right: figures(anchor, job.name, |s| s.p99_us),
+            lower_is_better: true,
+        });
+    }
+    rows
+}
+
+fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
+    let copy = |name: &str| copies.copies.get(name).cloned().unwrap_or_default();
+    let copy_rows = COPY_BUFFERS
+        .iter()
+        .filter(|(name, _)| *name != "ram")
+        .map(|(name, _)| Row {
+            label: format!("nvme-to-nvme-copy via {name} MiB/s"),
+            left: copy(name),
+            right: copy("ram"),
+            lower_is_better: false,
+        });
+    P2P.iter()
+        .map(|job| Row {
+            label: format!("{} {}", job.name, job.metric.label()),
+            left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
+            right: figures(ours, &format!("ram-{}", job.name), |s| s.figure(job.metric)),
+            lower_is_better: false,
+        })
+        .chain(copy_rows)
+        .collect()
+}
+
+/// Writes a copy of the anchor topology whose one `-drive` uses `cache`,
+/// so the anchor caches like p2plab-nvme. Returns the copy and the drive
+/// line as run.
+fn anchor_topology(source: &Path, cache: &str, folder: &Path) -> Result<(PathBuf, String)> {
+    let text =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let (out, drive) = set_drive_cache(&text, cache)
+        .with_context(|| format!("anchor topology {}", source.display()))?;
+    let name = source.file_name().context("anchor topology has no name")?;
+    let path = folder.join(name);
+    std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+    Ok((path, drive))
+}
+
+fn set_drive_cache(text: &str, cache: &str) -> Result<(String, String)> {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut drives = Vec::new();
+    for line in text.lines() {
+        if let Some(value) = line.trim().strip_prefix("-drive ") {
+            let options: Vec<String> = value
+                .trim()
+                .split(',')
+                .filter(|o| !o.starts_with("cache="))
+                .map(str::to_owned)
+                .chain(std::iter::once(format!("cache={cache}")))
+                .collect();
+            let drive = format!("-drive {}", options.join(","));
+            out.push_str(&drive);
+            drives.push(drive);
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    match <[String; 1]>::try_from(drives) {
+        Ok([drive]) => Ok((out, drive)),
+        Err(drives) => bail!(
+            "has {} -drive lines; the bench needs exactly one",
+            drives.len()
+        ),
+    }
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_owned());
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+    json!({
+        "cpu_model": model,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
+        "host_kernel": read("/proc/sys/kernel/osrelease"),
+        "load_average_at_end": read("/proc/loadavg"),
+    })
+}
+
+/// Bars of the ratios (median) with min–max whiskers, one per row, and a
+/// line at 1.0.
+fn svg(title: &str, sections: &[(&str, &[Row])]) -> String {
+    let rows: Vec<(&str, &Row)> = sections
+        .iter()
+        .flat_map(|(name, rows)| rows.iter().map(move |r| (*name, r)))
+        .collect();
+    let spreads: Vec<Option<Spread>> = rows
+        .iter()
+        .map(|(_, r)| spread(&ratios(&r.left, &r.right)))
+        .collect();
+    let top = spreads
+        .iter()
+        .flatten()
+        .map(|s| s.max)
+        .fold(1.5f64, f64::max)
+        .ceil();
+    let (left, width, bar_h, gap) = (420.0, 420.0, 16.0, 8.0);
+    let height = 60.0 + rows.len() as f64 * (bar_h + gap) + 30.0;
+    let x = |v: f64| left + v / top * width;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="12">"#,
+        w = left + width + 60.0
+    );
+    let _ = writeln!(s, r#"<text x="10" y="20" font-size="14">{title}</text>"#);
+    let y0 = 40.0;
+    for (i, ((section, row), spread)) in rows.iter().zip(&spreads).enumerate() {
+        let y = y0 + i as f64 * (bar_h + gap);
+        let better = if row.lower_is_better {
+            " (lower is better)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            r#"<text x="10" y="{ty}">{section}: {label}{better}</text>"#,
+            ty = y + 12.0,
+            label = row.label
+        );
+        if let Some(sp) = spread {
+            let _ = writeln!(
+                s,
+                "<rect x=\"{left}\" y=\"{y}\" width=\"{bw:.1}\" height=\"{bar_h}\" fill=\"#4a7ebb\"/>",
+                bw = x(sp.median) - left
+            );
+            let mid = y + bar_h / 2.0;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{a:.1}" y1="{mid}" x2="{b:.1}" y2="{mid}" stroke="black"/><line x1="{a:.1}" y1="{t}" x2="{a:.1}" y2="{u}" stroke="black"/><line x1="{b:.1}" y1="{t}" x2="{b:.1}" y2="{u}" stroke="black"/>"#,
+                a = x(sp.min),
+                b = x(sp.max),
+                t = y + 3.0,
+                u = y + bar_h - 3.0
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{tx:.1}" y="{ty}">{m:.2}</text>"#,
+                tx = x(sp.max) + 4.0,
+                ty = y + 12.0,
+                m = sp.median
+            );
+        }
+    }
+    let bottom = y0 + rows.len() as f64 * (bar_h + gap);
+    let _ = writeln!(
+        s,
+        "<line x1=\"{one:.1}\" y1=\"{y0}\" x2=\"{one:.1}\" y2=\"{bottom}\" stroke=\"#c33\" stroke-dasharray=\"4 3\"/>",
+        one = x(1.0)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{l}" y="{ty}">0</text><text x="{one:.1}" y="{ty}">1.0</text><text x="{r:.1}" y="{ty}">{top:.1}</text>"#,
+        l = left,
+        one = x(1.0) - 8.0,
+        r = left + width - 10.0,
+        ty = bottom + 16.0
+    );
+    s.push_str("</svg>\n");
+    s
 }
 
 fn main() -> ExitCode {
@@ -159,80 +638,170 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let mut ours = Figures::default();
-    let mut anchor = Figures::default();
+    let paths = LabPaths::discover()?;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let folder = paths
+        .runs
+        .join(format!("bench-{}-{}", format_utc(now), std::process::id()));
+    std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+    eprintln!("p2plab-bench: results go to {}", folder.display());
+
+    let (anchor_path, anchor_drive) = anchor_topology(
+        &paths.topology(&cli.anchor)?,
+        cli.caching.qemu_cache(),
+        &folder,
+    )?;
+    let timeout = Some(Duration::from_secs(u64::from(cli.runtime) * 20 + 600));
+    let server_args = vec!["--caching".to_owned(), cli.caching.server_flag().to_owned()];
+    let mut ours_options = LabOptions::new(
+        &cli.ours,
+        Mode::Exec(guest_script(cli.runtime, !cli.no_p2p)),
+    );
+    ours_options.stream_output = false;
+    ours_options.timeout = timeout;
+    ours_options.server_args = vec![("nvme0".to_owned(), server_args.clone())];
+    let mut anchor_options = LabOptions::new(
+        &anchor_path.to_string_lossy(),
+        Mode::Exec(guest_script(cli.runtime, false)),
+    );
+    anchor_options.stream_output = false;
+    anchor_options.timeout = timeout;
+
+    let mut ours_labels: Vec<String> = COMPARED.iter().map(|j| j.name.to_owned()).collect();
+    let anchor_labels = ours_labels.clone();
+    if !cli.no_p2p {
+        for job in P2P {
+            ours_labels.push(format!("ram-{}", job.name));
+            ours_labels.push(format!("p2p-{}", job.name));
+        }
+    }
+
+    let mut copy_options =
+        LabOptions::new(&cli.copy_topology, Mode::Exec(copy_script(&cli.copy_len)));
+    copy_options.stream_output = false;
+    copy_options.timeout = timeout;
+    copy_options.server_args = ["nvme0", "nvme1"]
+        .iter()
+        .map(|id| ((*id).to_owned(), server_args.clone()))
+        .collect();
+    let copy_len = p2plab_guest_tests::topology::parse_size(&cli.copy_len).context("--copy-len")?;
+
+    let mut ours = Side::default();
+    let mut anchor = Side::default();
+    let mut copies = Side::default();
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: round {round}/{}", cli.rounds);
-        run_one(&cli.ours, cli.runtime, &mut ours)?;
-        run_one(&cli.anchor, cli.runtime, &mut anchor)?;
+        run_one(&ours_options, &ours_labels, &mut ours)?;
+        run_one(&anchor_options, &anchor_labels, &mut anchor)?;
+        if !cli.no_p2p {
+            run_copies(&copy_options, copy_len, &mut copies)?;
+        }
     }
-    println!(
-        "{:<22} {:>16} {:>16} {:>8}",
-        "workload (median)", "p2plab-nvme", "qemu nvme", "ratio"
+
+    let compared = compared_rows(&ours, &anchor);
+    let p2p = if cli.no_p2p {
+        Vec::new()
+    } else {
+        p2p_rows(&ours, &copies)
+    };
+    let rss_mib = |side: &Side| -> Value {
+        side.rss
+            .iter()
+            .map(|(name, v)| {
+                let mib: Vec<f64> = v.iter().map(|&b| b as f64 / (1024.0 * 1024.0)).collect();
+                (name.clone(), spread_json(&mib))
+            })
+            .collect::<serde_json::Map<String, Value>>()
+            .into()
+    };
+    let results = json!({
+        "date_utc": format_utc(now),
+        "machine": machine(),
+        "rounds": cli.rounds,
+        "runtime_s": cli.runtime,
+        "caching": cli.caching.server_flag(),
+        "ours": {"topology": cli.ours, "nvme0_extra_args": server_args, "run_dirs": ours.run_dirs},
+        "anchor": {"topology": anchor_path, "drive": anchor_drive, "run_dirs": anchor.run_dirs},
+        "copies": {"topology": cli.copy_topology, "len": cli.copy_len, "nvme_extra_args": server_args, "run_dirs": copies.run_dirs},
+        "compared_ratio": "p2plab-nvme / qemu nvme, per round",
+        "compared": compared.iter().map(|r| r.json("p2plab_nvme", "qemu_nvme")).collect::<Vec<_>>(),
+        "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
+        "p2p": p2p.iter().map(|r| r.json("p2p", "ram")).collect::<Vec<_>>(),
+        "peak_rss_mib": {"ours": rss_mib(&ours), "anchor": rss_mib(&anchor)},
+    });
+    let json_path = folder.join("results.json");
+    let text = serde_json::to_string_pretty(&results).context("encoding results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let title = format!(
+        "p2plab bench {} UTC, caching={}, {} rounds (bars: median ratio, whiskers: min–max)",
+        format_utc(now),
+        cli.caching.server_flag(),
+        cli.rounds
     );
-    for w in WORKLOADS {
-        let pick = |f: &Figures, i: usize| -> f64 {
-            let mut v: Vec<f64> = f
-                .samples
-                .get(w.name)
-                .into_iter()
-                .flatten()
-                .map(|s| match i {
-                    0 => s.0,
-                    1 => s.1 / (1024.0 * 1024.0),
-                    _ => s.2,
-                })
-                .collect();
-            median(&mut v)
-        };
-        let (i, label) = match w.unit {
-            Unit::Iops => (0, "IOPS"),
-            Unit::MibPerSec => (1, "MiB/s"),
-        };
-        let (a, b) = (pick(&ours, i), pick(&anchor, i));
-        println!(
-            "{:<22} {:>16} {:>16} {:>8.2}",
-            format!("{} {label}", w.name),
-            format!("{a:.0}"),
-            format!("{b:.0}"),
-            if b > 0.0 { a / b } else { 0.0 }
-        );
-        let (a, b) = (pick(&ours, 2), pick(&anchor, 2));
-        println!(
-            "{:<22} {:>16} {:>16} {:>8.2}",
-            format!("{} p99 µs", w.name),
-            format!("{a:.0}"),
-            format!("{b:.0}"),
-            if b > 0.0 { a / b } else { 0.0 }
-        );
+    let svg_path = folder.join("results.svg");
+    std::fs::write(
+        &svg_path,
+        svg(
+            &title,
+            &[
+                ("vs QEMU nvme", compared.as_slice()),
+                ("P2P vs RAM", p2p.as_slice()),
+            ],
+        ),
+    )
+    .with_context(|| format!("writing {}", svg_path.display()))?;
+
+    println!(
+        "caching={} (anchor {}), {} rounds of {} s; median (min–max)",
+        cli.caching.server_flag(),
+        anchor_drive,
+        cli.rounds,
+        cli.runtime
+    );
+    println!(
+        "{:<34} {:>22} {:>22} {:>18}",
+        "workload", "p2plab-nvme", "qemu nvme", "ratio"
+    );
+    for row in &compared {
+        row.print();
     }
-    // Memory: QEMU's peak RSS includes the guest RAM it touched (shared
-    // with the servers, so not counted twice); the servers add their own.
-    let rss = |f: &Figures, name: &str| -> f64 {
-        let mut v: Vec<f64> = f
+    if !p2p.is_empty() {
+        println!(
+            "{:<34} {:>22} {:>22} {:>18}",
+            "P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"
+        );
+        for row in &p2p {
+            row.print();
+        }
+    }
+    // QEMU's peak RSS includes the guest RAM it touched (shared with the
+    // servers, so not counted twice); the servers add their own.
+    for (name, v) in &ours.rss {
+        let ours_mib: Vec<f64> = v.iter().map(|&b| b as f64 / (1024.0 * 1024.0)).collect();
+        let anchor_mib: Vec<f64> = anchor
             .rss
             .get(name)
             .into_iter()
             .flatten()
             .map(|&b| b as f64 / (1024.0 * 1024.0))
             .collect();
-        median(&mut v)
-    };
-    println!(
-        "{:<22} {:>16} {:>16} {:>8.2}",
-        "peak RSS MiB: QEMU",
-        format!("{:.0}", rss(&ours, "qemu")),
-        format!("{:.0}", rss(&anchor, "qemu")),
-        rss(&ours, "qemu") / rss(&anchor, "qemu").max(1.0)
-    );
-    for name in ours.rss.keys().filter(|n| *n != "qemu") {
-        println!(
-            "{:<22} {:>16} {:>16}",
-            format!("peak RSS MiB: {name}"),
-            format!("{:.0}", rss(&ours, name)),
-            "-"
-        );
+        Row {
+            label: format!("peak RSS MiB: {name}"),
+            left: ours_mib,
+            right: anchor_mib,
+            lower_is_better: true,
+        }
+        .print();
     }
+    println!(
+        "results: {} and {}",
+        json_path.display(),
+        svg_path.display()
+    );
     Ok(())
 }
 
@@ -243,10 +812,85 @@ mod tests {
     #[test]
     fn parses_fio_json_for_the_busy_direction() {
         let json = r#"{"jobs":[{"read":{"iops":0,"bw_bytes":0},"write":{"iops":2000.5,"bw_bytes":8194048,
-            "clat_ns":{"percentile":{"99.000000":123000}}}}]}"#;
-        let (iops, bw, p99) = parse_fio(json).unwrap();
-        assert_eq!((iops, bw, p99), (2000.5, 8194048.0, 123.0));
+            "clat_ns":{"percentile":{"50.000000":45000,"99.000000":123000}}}}]}"#;
+        let s = parse_fio(json).unwrap();
+        assert_eq!(
+            s,
+            Sample {
+                iops: 2000.5,
+                bytes_per_sec: 8194048.0,
+                p50_us: 45.0,
+                p99_us: 123.0
+            }
+        );
         assert!(parse_fio(r#"{"jobs":[{"read":{"iops":0}}]}"#).is_err());
+        assert!(
+            parse_fio(r#"{"jobs":[{"read":{"iops":5,"bw_bytes":1}}]}"#).is_err(),
+            "missing percentiles are an error, not zero"
+        );
         assert!(parse_fio("fio: error").is_err());
+    }
+
+    #[test]
+    fn true_median_and_spread() {
+        assert_eq!(spread(&[]), None);
+        let s = spread(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        let s = spread(&[4.0, 1.0, 2.0, 10.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (3.0, 1.0, 10.0));
+        assert_eq!(ratios(&[2.0, 3.0], &[1.0, 0.0]), vec![2.0]);
+    }
+
+    #[test]
+    fn anchor_drive_gets_the_cache_mode() {
+        let text = "# c\n-drive file=/s/a.img,if=none,id=a0,format=raw,cache=none,aio=threads\n-device nvme,drive=a0\n";
+        let (out, drive) = set_drive_cache(text, "writeback").unwrap();
+        assert_eq!(
+            drive,
+            "-drive file=/s/a.img,if=none,id=a0,format=raw,aio=threads,cache=writeback"
+        );
+        assert_eq!(out.matches("cache=").count(), 1);
+        assert!(out.contains("-device nvme,drive=a0\n"));
+        let (_, drive) = set_drive_cache("-drive file=x,if=none\n", "none").unwrap();
+        assert_eq!(drive, "-drive file=x,if=none,cache=none");
+        assert!(set_drive_cache("-device nvme\n", "none").is_err());
+        assert!(set_drive_cache("-drive file=x\n-drive file=y\n", "none").is_err());
+    }
+
+    #[test]
+    fn copy_lines_must_move_everything() {
+        let ok =
+            "P2P_BAR=ram P2P_BUFFER_LEN=8388608 BYTES=1048576 IOS=1 ERRORS=0 MIB_PER_SEC=123.5 ";
+        assert_eq!(parse_copy(ok, 1 << 20).unwrap(), 123.5);
+        assert!(parse_copy(ok, 2 << 20).is_err(), "short copy");
+        let failed = "BYTES=1048576 IOS=1 ERRORS=1 MIB_PER_SEC=1.0";
+        assert!(parse_copy(failed, 1 << 20).is_err());
+        assert!(parse_copy("p2plab-p2pio: opening ...", 1 << 20).is_err());
+        let script = copy_script("64M");
+        for (name, _) in COPY_BUFFERS {
+            assert_eq!(script.matches(&format!("echo COPY {name} ")).count(), 1);
+        }
+        assert_eq!(parse_copy_len("512M"), Ok("512M".to_owned()));
+        assert!(parse_copy_len("1000").is_err());
+    }
+
+    #[test]
+    fn the_guest_script_runs_every_job_once() {
+        let script = guest_script(5, true);
+        for job in COMPARED {
+            assert_eq!(script.matches(&format!("--name={} ", job.name)).count(), 1);
+        }
+        for job in P2P {
+            assert_eq!(
+                script.matches(&format!("--name=ram-{} ", job.name)).count(),
+                1
+            );
+            assert_eq!(
+                script.matches(&format!("--name=p2p-{} ", job.name)).count(),
+                1
+            );
+        }
+        assert_eq!(script.matches("p2pmem/allocate").count(), P2P.len());
+        assert!(!guest_script(5, false).contains("p2pmem"));
     }
 }

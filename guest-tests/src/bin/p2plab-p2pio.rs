@@ -9,6 +9,8 @@
 //! p2plab-p2pio --p2pmem BDF write --dev /dev/nvme0n1 [--offset B] --len B ...
 //! p2plab-p2pio --p2pmem BDF copy  --src /dev/nvme0n1 --dst /dev/nvme1n1 --len B ...
 //! ```
+//! `--p2pmem ram` uses a buffer in guest RAM instead, the same way, so a
+//! benchmark can hold the P2P path against the RAM path.
 //! `--fill SEED` writes a pattern into the buffer with the CPU before
 //! `write`; `--verify SEED` checks the buffer after `read`; `--hook CMD`
 //! runs `sh -c CMD` while the buffer is mapped (after `read`, before
@@ -40,8 +42,9 @@ enum Op {
 #[derive(Parser, Debug)]
 #[command(name = "p2plab-p2pio")]
 struct Cli {
-    /// PCI device providing p2pmem: a BDF like 0000:03:00.0.
-    #[arg(long, value_name = "BDF")]
+    /// PCI device providing p2pmem: a BDF like 0000:03:00.0, or `ram`
+    /// for a buffer in guest RAM (the reference the P2P path is held to).
+    #[arg(long, value_name = "BDF|ram")]
     p2pmem: String,
     op: Op,
     /// Block device for read/write.
@@ -95,17 +98,42 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("too large: {text:?}"))
 }
 
-/// A mapping of p2pmem/allocate: memory carved from the device's BAR.
+/// A mapping of p2pmem/allocate (memory carved from the device's BAR), or
+/// of anonymous guest RAM.
 struct P2pBuffer {
     base: *mut u8,
     len: usize,
-    _file: File,
+    _file: Option<File>,
 }
 
 // SAFETY: the mapping is plain shared memory; threads use disjoint parts.
 unsafe impl Sync for P2pBuffer {}
 
 impl P2pBuffer {
+    /// `len` bytes of guest RAM, populated and shared like a p2pmem mapping.
+    fn ram(len: usize) -> Result<Self> {
+        // SAFETY: a fresh anonymous mapping; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mmap of {len} bytes of RAM"));
+        }
+        Ok(Self {
+            base: base.cast(),
+            len,
+            _file: None,
+        })
+    }
+
     fn allocate(bdf: &str, len: usize) -> Result<Self> {
         let path = format!("/sys/bus/pci/devices/{bdf}/p2pmem/allocate");
         let file = OpenOptions::new()
@@ -131,7 +159,7 @@ impl P2pBuffer {
         Ok(Self {
             base: base.cast(),
             len,
-            _file: file,
+            _file: Some(file),
         })
     }
 
@@ -304,12 +332,23 @@ fn run(cli: &Cli) -> Result<bool> {
     {
         bail!("--fill/--verify/--hook need a buffer as large as --len");
     }
-    let buffer = P2pBuffer::allocate(&cli.p2pmem, usize::try_from(buffer_len)?)?;
-    let phys = buffer.physical_address()?;
-    let (bar, bar_offset) = locate_in_bar(&cli.p2pmem, phys)?;
-    println!("P2P_BUFFER_PHYS={phys:#x}");
-    println!("P2P_BAR={bar}");
-    println!("P2P_BAR_OFFSET={bar_offset:#x}");
+    let in_ram = cli.p2pmem == "ram";
+    let (buffer, bar, bar_offset) = if in_ram {
+        if cli.hook.is_some() {
+            bail!("--hook needs a device buffer, not --p2pmem ram");
+        }
+        let buffer = P2pBuffer::ram(usize::try_from(buffer_len)?)?;
+        println!("P2P_BAR=ram");
+        (buffer, 0, 0)
+    } else {
+        let buffer = P2pBuffer::allocate(&cli.p2pmem, usize::try_from(buffer_len)?)?;
+        let phys = buffer.physical_address()?;
+        let (bar, bar_offset) = locate_in_bar(&cli.p2pmem, phys)?;
+        println!("P2P_BUFFER_PHYS={phys:#x}");
+        println!("P2P_BAR={bar}");
+        println!("P2P_BAR_OFFSET={bar_offset:#x}");
+        (buffer, bar, bar_offset)
+    };
     println!("P2P_BUFFER_LEN={buffer_len}");
 
     let run_hook = |stage: &str| -> Result<()> {

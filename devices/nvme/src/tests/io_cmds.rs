@@ -8,7 +8,7 @@ use super::harness::*;
 use crate::command::CommandBuilder;
 use crate::config::ControllerConfig;
 use crate::datapointer::sgl_descriptor;
-use crate::namespace::{BlockBackend, FileBackend};
+use crate::namespace::{BlockBackend, Caching, FileBackend};
 use crate::spec::{io as op, Status, NSID_ALL};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -525,7 +525,8 @@ fn write_cache_off_means_write_through_and_fua_flushes() {
 fn four_kib_namespaces_and_file_backing() {
     let path = std::env::temp_dir().join(format!("p2plab-nvme-io-{}.img", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let backend: Arc<dyn BlockBackend> = Arc::new(FileBackend::open(&path, Some(4 << 20)).unwrap());
+    let backend: Arc<dyn BlockBackend> =
+        Arc::new(FileBackend::open(&path, Some(4 << 20), Caching::Page).unwrap());
     let mut h = Host::with(
         ControllerConfig {
             cmb_size: 0,
