@@ -13,7 +13,9 @@
 //! accepts blocks past the end, Format that keeps data or the old block
 //! size, a reset after which data is gone, registers nvme-cli decodes
 //! differently from the device's own CMB/PMR configuration, and a CMB that
-//! is not published or not used for SQs; `data_survives_a_server_restart`
+//! is not published or not used for SQs, and on SMART read/write counters
+//! that miss or invent commands (blktrace and explicit flushes under
+//! stress-ng); `data_survives_a_server_restart`
 //! fails on a namespace whose writes do not reach its backing file.
 
 mod common;
@@ -192,6 +194,11 @@ stress-ng --hdd 2 --hdd-ops 400 --hdd-bytes 8M --hdd-opts direct,wr-rnd,rd-rnd \
 echo "STRESS_STATUS=$?"
 umount /mnt/stress; echo "STRESS_UMOUNT_STATUS=$?"
 sync
+# Flush commands straight to the device (write-through keeps the block
+# layer from sending any): they are neither reads nor writes in SMART.
+flushes=0
+for i in 1 2 3 4; do nvme flush $ns2 >/dev/null 2>&1 && flushes=$((flushes + 1)); done
+echo "STRESS_FLUSHES=$flushes"
 kill -INT $tracer; wait $tracer; echo "BLKTRACE_STATUS=$?"
 echo "write back" > $q/write_cache
 nvme smart-log /dev/nvme0 -n 2 -o json > $out/smart-ns2-after.json
@@ -483,6 +490,7 @@ fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
     ] {
         run.expect(step, "0");
     }
+    run.expect("STRESS_FLUSHES", "4");
     let (before, after) = (
         json(&run, "smart-ns2-before.json"),
         json(&run, "smart-ns2-after.json"),
