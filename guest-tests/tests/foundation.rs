@@ -2,6 +2,14 @@
 //! device served over vfio-user enumerates behind the PCIe switch with its
 //! IDs and BAR sizes, a register round-trips through a trapped BAR and data
 //! through an mmapped BAR, and MSI-X interrupts reach the guest.
+//!
+//! What it catches (a deliberately broken device it fails on): wrong class
+//! or IDs in config space; a device not behind the switch; a BAR of the
+//! wrong size, or a CMB BAR that is not 64-bit prefetchable; a trapped
+//! register that does not round-trip, or a read-only one that takes
+//! writes; an mmapped BAR that loses data (the wrong-seed check proves the
+//! comparison can fail); MSI-X that is not enabled or whose admin or I/O
+//! vectors never fire.
 
 mod common;
 

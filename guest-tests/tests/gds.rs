@@ -5,6 +5,15 @@
 //! file, and the JSON each run prints says which path moved the bytes
 //! and why. Two boots: the lab (both file systems, one after the other on
 //! nvme0n1) and separate-root-ports (compat mode, topology).
+//!
+//! What each test catches: `gds_on_ext4_and_xfs_in_the_lab` fails on an
+//! NVMe or GPU device that moves the wrong bytes (GPU CRC32C against the
+//! CPU's), on a P2P path that silently falls back to bounce buffers (the
+//! reported path and the servers' DMA counters say where the bytes went),
+//! and on kernel warnings; `separate_root_ports_run_in_compat_mode` fails
+//! when P2P is attempted across a non-whitelisted host bridge (the NVMe
+//! server must count zero peer DMA bytes) or the refusal comes without its
+//! reason.
 
 mod common;
 

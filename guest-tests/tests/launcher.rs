@@ -2,6 +2,15 @@
 //! quotes runs verbatim, its exit status comes back, a `--share` folder is
 //! visible and writable in the guest, extra kernel arguments arrive, and
 //! nothing is left behind (no process, no socket) when the run ends.
+//!
+//! What each test catches: a launcher that mangles scripts or loses the
+//! exit status, a missing or read-only share, dropped kernel arguments,
+//! leaked server or QEMU processes and sockets
+//! (`exec_share_append_status_and_clean_up`); bad options that start half
+//! a lab (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
+//! that dies early or that `--stop` cannot end
+//! (`keep_leaves_the_lab_up_until_stop`). Device faults are the device
+//! suites' job.
 
 mod common;
 

@@ -3,6 +3,20 @@
 //! (O_DIRECT on a p2pmem mapping). Every transfer is checked on both sides:
 //! what the guest reads back or the GPU's checksum engine computes, and what
 //! the device servers counted.
+//!
+//! What each test catches: `nvme_to_gpu_and_gpu_to_nvme_through_the_switch`
+//! fails on an NVMe device that DMAs the wrong bytes or to the wrong
+//! addresses (GPU engine CRC, backing file, the server's per-address DMA
+//! log inside BAR2), a GPU whose BAR is not published as p2pmem or whose
+//! engine miscomputes, a GPU driver or device that breaks on unbind/bind,
+//! rmmod/modprobe or a function reset (every step's status is checked, and
+//! `guest-smoke.sh` runs all its checks: device-reported errors, timeouts,
+//! a file open across unbind, parallel submitters), and kernel warnings;
+//! `nvme_to_nvme_through_a_cmb` fails on a CMB that is not published or
+//! that corrupts data in flight, and on a server that does not serve its
+//! own CMB locally; `separate_root_ports_refuse_p2p` fails when the kernel
+//! lets P2P through a non-whitelisted host bridge or any byte reaches the
+//! GPU BAR.
 
 mod common;
 
@@ -58,13 +72,32 @@ echo "G2N_READBACK_CRC=$(p2plab-gpu-tool crc32c /tmp/back)"
 echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc)"
 
 # The driver survives unbind/bind and unload/load with p2pmem in use before.
+# Every step's exit status counts: a write to unbind/bind fails when the
+# driver's remove/probe fails, rmmod when the module is still referenced.
+lifecycle_failures=0
 for i in 1 2 3; do
-  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/unbind
-  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/bind
+  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/unbind || lifecycle_failures=$((lifecycle_failures + 1))
+  [ ! -e /sys/bus/pci/drivers/p2plab_gpu/$gpu_bdf ] || lifecycle_failures=$((lifecycle_failures + 1))
+  echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/bind || lifecycle_failures=$((lifecycle_failures + 1))
+  [ -e /sys/bus/pci/drivers/p2plab_gpu/$gpu_bdf ] || lifecycle_failures=$((lifecycle_failures + 1))
 done
-for i in 1 2; do rmmod p2plab_gpu && modprobe p2plab_gpu; done
+for i in 1 2; do
+  rmmod p2plab_gpu || lifecycle_failures=$((lifecycle_failures + 1))
+  [ ! -e /sys/module/p2plab_gpu ] || lifecycle_failures=$((lifecycle_failures + 1))
+  modprobe p2plab_gpu || lifecycle_failures=$((lifecycle_failures + 1))
+done
+echo "LIFECYCLE_STEPS=16"
+echo "LIFECYCLE_FAILURES=$lifecycle_failures"
 sleep 0.5
 echo "REBOUND_PUBLISHED=$(cat $gpu/p2pmem/published 2>/dev/null)"
+echo "REBOUND_DRIVER=$(basename "$(readlink -f $gpu/driver)")"
+
+# The GPU driver's own smoke test (devices/gpu/guest-driver/tests, shared
+# at /mnt/host): engine jobs, device-reported errors, a function reset,
+# a file open across unbind, parallel submitters.
+bash /mnt/host/guest-smoke.sh > /run/p2plab/smoke.out 2>&1; echo "SMOKE_STATUS=$?"
+sed -n 's/^SMOKE_/SMOKE_/p' /run/p2plab/smoke.out
+grep '^FAIL' /run/p2plab/smoke.out
 echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t')"
 exit 0
 "#;
@@ -121,6 +154,15 @@ fn log_parser_sums_only_the_window() {
     assert_eq!(message_dma_bytes_in(log, "write", 8192, 9000), 0);
 }
 
+/// Checks guest-smoke.sh has when everything runs (its `check`,
+/// `expect_rc` and summary `ok` lines).
+const SMOKE_CHECKS: u64 = 33;
+
+/// The folder holding guest-smoke.sh, shared with the guest at /mnt/host.
+fn smoke_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../devices/gpu/guest-driver/tests")
+}
+
 #[test]
 fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
     let state = test_state_dir("p2p-lab");
@@ -130,6 +172,7 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         &script,
         Boot {
             state: Some(state.clone()),
+            share: Some(smoke_dir()),
             ..Boot::default()
         },
     );
@@ -193,8 +236,21 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
     );
     assert!(counter(&gpu, "bytes_filled") >= 64 << 20, "{gpu}");
 
-    // Driver lifecycle.
+    // Driver lifecycle: every unbind, bind, rmmod and modprobe succeeded
+    // and left the device bound and published.
+    run.expect("LIFECYCLE_FAILURES", "0");
+    run.expect("REBOUND_DRIVER", "p2plab_gpu");
     run.expect("REBOUND_PUBLISHED", "1");
+
+    // The GPU smoke suite: all its checks ran and passed.
+    run.expect("SMOKE_STATUS", "0");
+    run.expect("SMOKE_FAILED", "0");
+    run.expect("SMOKE_SKIPPED", "0");
+    assert!(
+        run.fact_u64("SMOKE_PASSED") >= SMOKE_CHECKS,
+        "guest-smoke.sh passed {} checks, it has {SMOKE_CHECKS}",
+        run.fact("SMOKE_PASSED")
+    );
     run.expect("KERNEL_COMPLAINTS", "0");
 }
 

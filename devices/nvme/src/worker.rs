@@ -34,7 +34,7 @@ const IDLE: Duration = Duration::from_millis(200);
 /// poll yields the CPU to any runnable thread (the TCG vCPUs) on each turn.
 /// Measured 4k randread QD32 (guest fio): no poll 7.1k IOPS, 50 µs 16.4k,
 /// 200 µs 19.4k, 500 µs 17.0k.
-const POLL: Duration = Duration::from_micros(200);
+pub(crate) const POLL: Duration = Duration::from_micros(200);
 
 /// Watches the shadow tail for up to [`POLL`] before EventIdx is armed.
 /// Returns whether there is something to do (new entries, or a stop).
