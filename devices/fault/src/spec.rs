@@ -238,9 +238,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn format_duration(d: Duration) -> String {
     let us = d.as_micros();
-    if us % 1_000_000 == 0 {
+    if us.is_multiple_of(1_000_000) {
         format!("{}s", us / 1_000_000)
-    } else if us % 1000 == 0 {
+    } else if us.is_multiple_of(1000) {
         format!("{}ms", us / 1000)
     } else {
         format!("{us}us")
@@ -467,10 +467,8 @@ impl FaultSpec {
                 // One namespace: rewriting a block clears it there.
                 self.filter.nsid.get_or_insert(1);
             }
-            Action::Corrupt => {
-                if f.admin() || f.opcode.is_some_and(|o| o.value != 0x02) {
-                    return Err("corrupt applies to Read data only".into());
-                }
+            Action::Corrupt if f.admin() || f.opcode.is_some_and(|o| o.value != 0x02) => {
+                return Err("corrupt applies to Read data only".into());
             }
             Action::ControllerFatal => {
                 // Once, unless asked: after the reset that CFS causes, the
