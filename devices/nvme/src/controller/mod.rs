@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
+use p2plab_fault::FaultSpec;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};
@@ -29,7 +30,7 @@ use crate::interrupts::Interrupts;
 use crate::memory::DmaRouter;
 use crate::namespace::Namespace;
 use crate::registers::{Cap, Csts};
-use crate::state::{ControllerState, Regs};
+use crate::state::{ControllerState, FaultReport, Regs};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::worker;
 
@@ -207,6 +208,22 @@ impl NvmeController {
                 warn!(nsid = ns.nsid(), %e, "flush failed");
             }
         }
+    }
+
+    /// Arms a fault injection (see the `p2plab-fault` crate for specs);
+    /// returns its ID.
+    pub fn inject(&self, spec: FaultSpec) -> u64 {
+        self.state.inject(spec)
+    }
+
+    /// Disarms every injection and forgets injected bad blocks.
+    pub fn clear_faults(&self) {
+        self.state.clear_faults();
+    }
+
+    /// Armed injections, bad blocks and held commands.
+    pub fn fault_report(&self) -> FaultReport {
+        self.state.fault_report()
     }
 
     pub fn stats(&self) -> StatsSnapshot {
