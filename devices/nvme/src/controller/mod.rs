@@ -200,6 +200,17 @@ impl NvmeController {
         state.power_cycles.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A controller reset the host did not ask for (`p2plab-ctl reset`):
+    /// every queue goes away as if CC.EN went 1 -> 0, CC.EN reads 0, and
+    /// the BAR and CMB placement stay (config space did not change). The
+    /// host's driver finds out through its timeouts.
+    pub fn surprise_reset(&self) {
+        let mut regs = crate::lock(&self.state.regs);
+        info!("controller reset from the control socket");
+        regs.cc = Default::default();
+        self.state.stop_queues(&mut regs);
+    }
+
     /// Flushes every namespace and the PMR (server shutdown).
     pub fn flush_all(&self) {
         self.state.persist_pmr();
