@@ -8,6 +8,10 @@
 //!    and dd gets the right data. Catches: an Abort that cannot abort
 //!    (Linux then resets the controller: "reset controller" in dmesg), a
 //!    held command that blocks its queue, a retry with wrong data.
+//!    The same with `no-abort`: the Abort answers "not aborted", the
+//!    second timeout makes Linux reset the controller, and the read is
+//!    retried with the right data. Catches: held commands that survive a
+//!    reset, or a controller that does not come back.
 //! 2. `media-error` on LBAs 3000-3007: single-block direct reads fail with
 //!    EIO on exactly those eight blocks and nowhere around them; `nvme
 //!    error-log` names Unrecovered Read Error at a block of the range;
@@ -76,6 +80,17 @@ say TIMEOUT_ABORT_STATUS_0 "$(dmesg | grep -c 'Abort status: 0x0')"
 say TIMEOUT_RESETS "$(dmesg | grep -c -E 'reset controller|will reset')"
 say TIMEOUT_VERIFY "$(cmp -s <(dd if=$ns bs=1M count=4 iflag=direct 2>/dev/null) /run/p2plab/pattern.bin && echo 1 || echo 0)"
 signal done-timeout
+
+# --- 1b. timeout that the Abort cannot abort, on LBA 2560 (4 KiB block 320) ------
+signal ready-noabort; wait_host armed-noabort
+t0=$(now_ms)
+got=$(blk_md5 320)
+say NOABORT_READ_MS $(( $(now_ms) - t0 ))
+say NOABORT_READ_OK "$([ "$got" = "$(pat_md5 320)" ] && echo 1 || echo 0)"
+say NOABORT_RESET_LOGGED "$(dmesg | grep -c 'timeout, reset controller')"
+i=0; until [ "$(cat /sys/class/nvme/nvme0/state)" = live ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done
+say NOABORT_STATE_AFTER "$(cat /sys/class/nvme/nvme0/state)"
+signal done-noabort
 
 # --- 2. media errors on LBAs 3000-3007 ---------------------------------------------
 signal ready-media; wait_host armed-media
@@ -180,6 +195,11 @@ fn linux_recovers_from_injected_nvme_faults() {
         "timeout",
         &["timeout,count=1,opcode=read,lba=2048-2055"],
     );
+    let (n0, n1) = phase(
+        &mut lab,
+        "noabort",
+        &["timeout,no-abort,count=1,opcode=read,lba=2560-2567"],
+    );
     let (m0, m1) = phase(&mut lab, "media", &["media-error:lba=3000-3007"]);
     let (c0, c1) = phase(&mut lab, "cfs", &["cfs,opcode=read,lba=4096-4103"]);
     let (i0, i1) = phase(
@@ -255,6 +275,40 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     assert_eq!(fact("TIMEOUT_RESETS"), "0", "{}", guest("the abort failed"));
     assert_eq!(fact("TIMEOUT_VERIFY"), "1");
+
+    // 1b. A failed Abort → second timeout → controller reset → retry.
+    assert_eq!(
+        counter(&n1, "commands_held") - counter(&n0, "commands_held"),
+        1
+    );
+    assert_eq!(
+        counter(&n1, "commands_aborted"),
+        counter(&n0, "commands_aborted"),
+        "no-abort was aborted"
+    );
+    assert!(
+        counter(&n1, "resets") > counter(&n0, "resets"),
+        "{n0} / {n1}"
+    );
+    assert_eq!(n1["faults"]["held_commands"], Value::Array(vec![]), "{n1}");
+    assert!(
+        number("NOABORT_READ_MS") >= 2 * IO_TIMEOUT_MS,
+        "{}",
+        guest("two timeouts before the reset")
+    );
+    assert_eq!(
+        fact("NOABORT_READ_OK"),
+        "1",
+        "{}",
+        guest("read across the reset")
+    );
+    assert_eq!(
+        fact("NOABORT_RESET_LOGGED"),
+        "1",
+        "{}",
+        guest("failed abort → reset")
+    );
+    assert_eq!(fact("NOABORT_STATE_AFTER"), "live");
 
     // 2. Media errors on exactly LBAs 3000-3007, logged, healed by a rewrite.
     let want_bad: Vec<String> = (3000..=3007).map(|l: u64| l.to_string()).collect();
@@ -367,9 +421,17 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     assert_eq!(
         fact("TIMEOUT_LINES"),
+        "4",
+        "{}",
+        guest(
+            "the held read (aborting), the unabortable one (aborting, reset \
+             controller) and the lost interrupt; CFS is logged as \"controller is down\""
+        )
+    );
+    assert_eq!(
+        fact("RESET_LINES"),
         "2",
         "{}",
-        guest("one timeout line each for the held read and the lost interrupt (CFS is logged as \"controller is down\")")
+        guest("only the failed abort and CFS reset")
     );
-    assert_eq!(fact("RESET_LINES"), "1", "{}", guest("only CFS resets"));
 }

@@ -275,3 +275,23 @@ fn latency_delays_matching_commands() {
         t.elapsed()
     );
 }
+
+/// Catches a control-socket reset that leaves queues running, or one that
+/// forgets where the guest placed the CMB (config space did not change).
+#[test]
+fn surprise_reset_drops_the_queues_and_keeps_the_cmb_placement() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("timeout,no-abort,count=1,opcode=read"));
+    h.submit(1, rw(op::READ, 0, 1).build());
+    assert!(h.try_reap(1, Duration::from_millis(100)).is_none());
+    h.ctrl.surprise_reset();
+    h.wait_csts(1, 0);
+    assert_eq!(h.read32(reg::CC) & 1, 0, "CC.EN reads 0");
+    let s = h.ctrl.stats();
+    assert!(s.queues.is_empty(), "{:?}", s.queues);
+    assert_eq!(s.cmb.bar_address, Some(CMB_BAR));
+    assert!(h.ctrl.fault_report().held_commands.is_empty());
+    h.enable();
+    h.create_pair(1);
+    assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
+}
