@@ -28,6 +28,11 @@
 //!    ("completion polled"). Catches: a dropped interrupt that also loses
 //!    the completion, or one that is not dropped (no timeout at all).
 //!
+//! 5. The guest arms a fault itself with `p2plab-ctl nvme0 inject ...`
+//!    through its virtio-serial port to nvme0's control socket, and reads
+//!    `status` back the same way. Catches: a broken guest channel, a spec
+//!    that fires more often than its count.
+//!
 //! Every reaction is counted exactly in dmesg (no timeout, reset or WARN
 //! that the test did not ask for) and in the server's counters (`status`
 //! on the control socket).
@@ -128,6 +133,16 @@ say IRQ_READ_MS $(( $(now_ms) - t0 ))
 say IRQ_READ_OK "$([ "$got" = "$(pat_md5 625)" ] && echo 1 || echo 0)"
 say IRQ_POLLED "$(dmesg | grep -c 'timeout, completion polled')"
 signal done-irq
+
+# --- 5. the guest arms a fault itself, through its virtio-serial port -------------
+p2plab-ctl nvme0 inject 'status=0x281,dnr,count=1,opcode=read,lba=6000-6007' > /run/p2plab/guest-inject.out 2>&1
+say GUEST_INJECT_STATUS $?
+dd if=$ns of=/dev/null bs=512 skip=6000 count=1 iflag=direct 2>/dev/null; say GUEST_FAULT_READ_STATUS $?
+dd if=$ns of=/dev/null bs=512 skip=6000 count=1 iflag=direct 2>/dev/null; say GUEST_NEXT_READ_STATUS $?
+p2plab-ctl nvme0 status --json > /run/p2plab/guest-status.json 2>/run/p2plab/guest-status.err
+say GUEST_STATUS_STATUS $?
+p2plab-ctl nvme0 inject 'status=0x281,cnt=1' > /run/p2plab/guest-bad.out 2>&1; say GUEST_BAD_SPEC_STATUS $?
+p2plab-ctl nvme0 clear >/dev/null; say GUEST_CLEAR_STATUS $?
 
 # --- the guest's view ------------------------------------------------------------
 say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace|blocked for more than')"
@@ -411,6 +426,41 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     assert_eq!(fact("IRQ_READ_OK"), "1");
     assert_eq!(fact("IRQ_POLLED"), "1", "{}", guest("completion polled"));
+
+    // 5. The guest armed a fault itself, at the moment it chose.
+    assert_eq!(
+        fact("GUEST_INJECT_STATUS"),
+        "0",
+        "{}",
+        std::fs::read_to_string(run_dir.join("guest/guest-inject.out")).unwrap_or_default()
+    );
+    assert_ne!(
+        fact("GUEST_FAULT_READ_STATUS"),
+        "0",
+        "{}",
+        guest("the armed read")
+    );
+    assert_eq!(fact("GUEST_NEXT_READ_STATUS"), "0", "{}", guest("count=1"));
+    assert_eq!(fact("GUEST_STATUS_STATUS"), "0");
+    let status_text =
+        std::fs::read_to_string(run_dir.join("guest/guest-status.json")).expect("guest status");
+    let guest_status: Value =
+        serde_json::from_str(&status_text).unwrap_or_else(|e| panic!("{e}: {status_text}"));
+    let armed = &guest_status["faults"]["armed"];
+    assert_eq!(
+        armed[0]["spec"], "status=0x281,dnr,count=1,opcode=read,lba=6000-6007",
+        "{guest_status}"
+    );
+    assert_eq!(armed[0]["fired"], 1, "{armed}");
+    assert_eq!(armed[0]["remaining"], 0, "{armed}");
+    assert_eq!(
+        fact("GUEST_BAD_SPEC_STATUS"),
+        "1",
+        "a bad spec fails p2plab-ctl"
+    );
+    let bad = std::fs::read_to_string(run_dir.join("guest/guest-bad.out")).unwrap_or_default();
+    assert!(bad.contains("cnt=1"), "the error names the bad item: {bad}");
+    assert_eq!(fact("GUEST_CLEAR_STATUS"), "0");
 
     // Nothing else: exactly the timeouts and the one reset asked for.
     assert_eq!(

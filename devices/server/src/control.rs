@@ -213,20 +213,83 @@ fn serve(stream: UnixStream, handler: &dyn ControlHandler) -> io::Result<()> {
     }
 }
 
+/// How long a client waits for a reply.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Sends one request to the control socket at `path` and returns the
 /// result, or the server's error message.
 pub fn request(path: &Path, request: &ControlRequest) -> anyhow::Result<serde_json::Value> {
     let stream = UnixStream::connect(path)
         .map_err(|e| anyhow::anyhow!("connecting to {}: {e}", path.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
     let mut writer = stream.try_clone()?;
     let mut text = serde_json::to_string(request)?;
     text.push('\n');
     writer.write_all(text.as_bytes())?;
     let mut line = String::new();
     BufReader::new(stream).take(16 << 20).read_line(&mut line)?;
+    parse_reply(&line, path)
+}
+
+/// Sends one request through a character device that QEMU connects to a
+/// control socket (a virtio-serial port in the guest, `/dev/vportNpM`).
+pub fn request_over_port(
+    port: &Path,
+    request: &ControlRequest,
+) -> anyhow::Result<serde_json::Value> {
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(port)
+        .map_err(|e| anyhow::anyhow!("opening {}: {e}", port.display()))?;
+    let mut text = serde_json::to_string(request)?;
+    text.push('\n');
+    file.write_all(text.as_bytes())?;
+    let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
+    let mut reply = Vec::new();
+    while !reply.contains(&b'\n') {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || reply.len() > 16 << 20 {
+            anyhow::bail!(
+                "no reply through {} within {REPLY_TIMEOUT:?} (is the server's control socket connected?)",
+                port.display()
+            );
+        }
+        let mut pfd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e.into());
+        }
+        if n == 0 {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        match file.read(&mut buf)? {
+            // The host side is not connected: wait for it.
+            0 => std::thread::sleep(Duration::from_millis(50)),
+            got => reply.extend_from_slice(&buf[..got]),
+        }
+    }
+    let end = reply
+        .iter()
+        .position(|&b| b == b'\n')
+        .unwrap_or(reply.len());
+    parse_reply(&String::from_utf8_lossy(&reply[..end]), port)
+}
+
+fn parse_reply(line: &str, from: &Path) -> anyhow::Result<serde_json::Value> {
     let reply: Reply = serde_json::from_str(line.trim())
-        .map_err(|e| anyhow::anyhow!("bad reply from {}: {e}: {line:?}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("bad reply from {}: {e}: {line:?}", from.display()))?;
     match (reply.ok, reply.result, reply.error) {
         (true, result, _) => Ok(result.unwrap_or(serde_json::Value::Null)),
         (false, _, error) => Err(anyhow::anyhow!(
