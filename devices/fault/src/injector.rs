@@ -25,7 +25,7 @@ pub struct Decision {
     /// Flip a bit in each block of this range of the read data (the whole
     /// command's range when the spec names none).
     pub corrupt: Option<LbaRange>,
-    /// The IDs of the specs that fired, for the device's log.
+    /// How many armed specs fired on this command.
     pub fired: u32,
 }
 
