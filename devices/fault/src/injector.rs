@@ -22,6 +22,8 @@ pub struct Decision {
     pub fatal: bool,
     /// Complete but send no interrupt.
     pub drop_interrupt: bool,
+    /// Complete, and send the interrupt this much later.
+    pub interrupt_delay: Duration,
     /// Flip a bit in each block of this range of the read data (the whole
     /// command's range when the spec names none).
     pub corrupt: Option<LbaRange>,
@@ -269,7 +271,11 @@ impl Injector {
                     d.status.get_or_insert((0x082, dnr, false));
                 }
                 Action::Timeout { abortable } => d.hang = Some(abortable),
-                Action::Latency(t) => d.latency += t,
+                Action::Latency { min, max } => {
+                    let spread = max.saturating_sub(min);
+                    d.latency += min + spread.mul_f64(self.roll());
+                }
+                Action::DelayInterrupt(t) => d.interrupt_delay = d.interrupt_delay.max(t),
                 Action::ControllerFatal => d.fatal = true,
                 Action::DropInterrupt => d.drop_interrupt = true,
                 Action::Corrupt => {
@@ -342,6 +348,28 @@ mod tests {
         let r = &inj.report()[0];
         assert_eq!((r.fired, r.remaining), (2, Some(0)));
         assert_eq!(r.spec, "status=0x281,dnr,count=2,opcode=read");
+    }
+
+    /// Catches a latency range that is ignored or escapes its bounds.
+    #[test]
+    fn latency_ranges_spread_within_their_bounds() {
+        let mut inj = Injector::default();
+        inj.arm(spec("latency=1ms-3ms"));
+        let delays: Vec<Duration> = (0..500).map(|_| inj.decide(&read(0, 1)).latency).collect();
+        let (lo, hi) = (Duration::from_millis(1), Duration::from_millis(3));
+        assert!(delays.iter().all(|d| (lo..=hi).contains(d)));
+        let mean = delays.iter().sum::<Duration>() / 500;
+        assert!(
+            (Duration::from_micros(1800)..Duration::from_micros(2200)).contains(&mean),
+            "{mean:?}"
+        );
+        let mut inj = Injector::default();
+        inj.arm(spec("delay-irq=4ms,count=1"));
+        assert_eq!(
+            inj.decide(&read(0, 1)).interrupt_delay,
+            Duration::from_millis(4)
+        );
+        assert_eq!(inj.decide(&read(0, 1)).interrupt_delay, Duration::ZERO);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! SPEC   := ACTION { (',' | ':') ITEM }
-//! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout | latency=DURATION
-//!         | cfs | drop-irq | corrupt
+//! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout
+//!         | latency=DURATION[-DURATION] | cfs | drop-irq | delay-irq=DURATION | corrupt
 //! ITEM   := dnr | more | no-abort | count=N | prob=P | opcode=NAME|0xNN
 //!         | admin-opcode=NAME|0xNN | queue=N | nsid=N | lba=A[-B]
 //! ```
@@ -34,8 +34,12 @@ pub enum Action {
     /// The command never completes; an Abort naming it aborts it with
     /// Command Abort Requested unless `abortable` is false.
     Timeout { abortable: bool },
-    /// The command runs this much later.
-    Latency(Duration),
+    /// The command runs later: `min` when `min == max`, else a uniformly
+    /// random delay in `[min, max]` per command.
+    Latency { min: Duration, max: Duration },
+    /// The command completes, and its MSI-X message is sent this much
+    /// later (the completion is in the queue meanwhile).
+    DelayInterrupt(Duration),
     /// The controller raises CSTS.CFS instead of running the command.
     ControllerFatal,
     /// The command completes, but its MSI-X message is not sent.
@@ -320,8 +324,25 @@ impl FromStr for FaultSpec {
                 Action::Timeout { abortable: true }
             }
             "latency" => {
-                Action::Latency(parse_duration(need_value("5ms")?).map_err(|m| error(head, m))?)
+                let text = need_value("5ms")?;
+                let (min, max) = match text.split_once('-') {
+                    Some((a, b)) => (
+                        parse_duration(a).map_err(|m| error(head, m))?,
+                        parse_duration(b).map_err(|m| error(head, m))?,
+                    ),
+                    None => {
+                        let d = parse_duration(text).map_err(|m| error(head, m))?;
+                        (d, d)
+                    }
+                };
+                if max < min {
+                    return Err(error(head, "the range ends before it starts"));
+                }
+                Action::Latency { min, max }
             }
+            "delay-irq" => Action::DelayInterrupt(
+                parse_duration(need_value("5ms")?).map_err(|m| error(head, m))?,
+            ),
             "cfs" => {
                 no_value()?;
                 Action::ControllerFatal
@@ -340,7 +361,7 @@ impl FromStr for FaultSpec {
                     head,
                     format!(
                         "{other:?} is not a fault (status=, ns-not-ready, media-error, timeout, \
-                         latency=, cfs, drop-irq, corrupt)"
+                         latency=, cfs, drop-irq, delay-irq=, corrupt)"
                     ),
                 ))
             }
@@ -541,7 +562,16 @@ impl fmt::Display for FaultSpec {
                     f.write_str(",no-abort")?;
                 }
             }
-            Action::Latency(d) => write!(f, "latency={}", format_duration(d))?,
+            Action::Latency { min, max } if min == max => {
+                write!(f, "latency={}", format_duration(min))?
+            }
+            Action::Latency { min, max } => write!(
+                f,
+                "latency={}-{}",
+                format_duration(min),
+                format_duration(max)
+            )?,
+            Action::DelayInterrupt(d) => write!(f, "delay-irq={}", format_duration(d))?,
             Action::ControllerFatal => f.write_str("cfs")?,
             Action::DropInterrupt => f.write_str("drop-irq")?,
             Action::Corrupt => f.write_str("corrupt")?,
@@ -630,11 +660,17 @@ mod tests {
         );
         assert_eq!(
             parse("latency=5ms:opcode=write").action,
-            Action::Latency(Duration::from_millis(5))
+            Action::Latency {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(5)
+            }
         );
         assert_eq!(
             parse("latency=250us").action,
-            Action::Latency(Duration::from_micros(250))
+            Action::Latency {
+                min: Duration::from_micros(250),
+                max: Duration::from_micros(250)
+            }
         );
         let cfs = parse("cfs");
         assert_eq!(cfs.action, Action::ControllerFatal);
@@ -666,6 +702,8 @@ mod tests {
             "latency=5ms,opcode=write",
             "latency=2s",
             "latency=7us",
+            "latency=1ms-20ms",
+            "delay-irq=3ms,count=1",
             "cfs,count=1",
             "drop-irq,count=1",
             "corrupt,lba=7",
@@ -696,6 +734,9 @@ mod tests {
             ("latency=5", "latency=5"),
             ("latency=5h", "latency=5h"),
             ("latency=61s", "latency=61s"),
+            ("latency=9ms-2ms", "latency=9ms-2ms"),
+            ("latency=1ms-", "latency=1ms-"),
+            ("delay-irq", "delay-irq"),
             ("timeout,dnr", "dnr"),
             ("cfs,more", "more"),
             ("drop-irq,no-abort", "no-abort"),

@@ -234,6 +234,44 @@ fn dropped_interrupt_leaves_the_completion_in_the_queue() {
     assert!(h.irq.wait_for(1, before, TIMEOUT), "the next one is sent");
 }
 
+/// Catches a delayed interrupt that is sent on time, never, or with the
+/// completion held back too.
+#[test]
+fn delayed_interrupt_comes_late_after_the_completion() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("delay-irq=400ms,count=1"));
+    let before = h.irq.count(1);
+    let t = Instant::now();
+    let cid = h.submit(1, rw(op::READ, 0, 1).build());
+    let c = h.reap(1);
+    assert_eq!((c.cid, c.status), (cid, Status::SUCCESS));
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "completion held back"
+    );
+    assert_eq!(h.irq.count(1), before, "interrupt sent early");
+    assert!(h.irq.wait_for(1, before, TIMEOUT));
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(h.ctrl.stats().counters.interrupts_delayed, 1);
+}
+
+/// Catches latency ranges that are not applied.
+#[test]
+fn latency_range_delays_within_bounds() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("latency=100ms-200ms,opcode=read"));
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+    }
+}
+
 /// Catches corruption outside the range, or none inside it.
 #[test]
 fn corrupt_flips_one_bit_per_block_of_the_range() {
