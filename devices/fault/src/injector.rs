@@ -45,6 +45,8 @@ pub struct Armed {
     pub spec: FaultSpec,
     /// Times it fired (media errors: reads it failed).
     pub fired: u64,
+    /// Matching commands let through because of `after=`.
+    pub passed: u64,
 }
 
 impl Armed {
@@ -196,8 +198,29 @@ impl Injector {
                 self.bad.add(nsid, range);
             }
         }
-        self.armed.push(Armed { id, spec, fired: 0 });
+        self.armed.push(Armed {
+            id,
+            spec,
+            fired: 0,
+            passed: 0,
+        });
         id
+    }
+
+    /// Disarms one spec; a media error's blocks read fine again. Returns
+    /// whether it was armed.
+    pub fn disarm(&mut self, id: u64) -> bool {
+        let Some(at) = self.armed.iter().position(|a| a.id == id) else {
+            return false;
+        };
+        let gone = self.armed.remove(at);
+        if gone.spec.action == Action::MediaError {
+            if let (Some(nsid), Some(r)) = (gone.spec.filter.nsid, gone.spec.filter.lba) {
+                let blocks = r.last.saturating_sub(r.first).saturating_add(1);
+                self.bad.repair(nsid, r.first, blocks);
+            }
+        }
+        true
     }
 
     /// Disarms everything, bad blocks included.
@@ -260,6 +283,10 @@ impl Injector {
                 if self.roll() >= p {
                     continue;
                 }
+            }
+            if spec.after.is_some_and(|n| self.armed[i].passed < n) {
+                self.armed[i].passed += 1;
+                continue;
             }
             self.armed[i].fired += 1;
             d.fired += 1;
@@ -348,6 +375,29 @@ mod tests {
         let r = &inj.report()[0];
         assert_eq!((r.fired, r.remaining), (2, Some(0)));
         assert_eq!(r.spec, "status=0x281,dnr,count=2,opcode=read");
+    }
+
+    /// Catches `after=` firing early or never.
+    #[test]
+    fn after_lets_commands_pass_first() {
+        let mut inj = Injector::default();
+        inj.arm(spec("status=0x281,count=1,after=3,opcode=read"));
+        let fired: Vec<bool> = (0..6).map(|_| !inj.decide(&read(0, 1)).is_none()).collect();
+        assert_eq!(fired, vec![false, false, false, true, false, false]);
+    }
+
+    /// Disarming one spec leaves the others.
+    #[test]
+    fn disarm_removes_one_spec() {
+        let mut inj = Injector::default();
+        let a = inj.arm(spec("status=0x4"));
+        let b = inj.arm(spec("media-error,lba=1-2"));
+        assert!(inj.disarm(a));
+        assert!(!inj.disarm(a));
+        assert_eq!(inj.report().len(), 1);
+        assert!(inj.decide(&read(0, 1)).is_none());
+        assert!(inj.disarm(b));
+        assert!(inj.is_idle(), "the media error's blocks went with it");
     }
 
     /// Catches a latency range that is ignored or escapes its bounds.

@@ -4,7 +4,7 @@
 //! SPEC   := ACTION { (',' | ':') ITEM }
 //! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout
 //!         | latency=DURATION[-DURATION] | cfs | drop-irq | delay-irq=DURATION | corrupt
-//! ITEM   := dnr | more | no-abort | count=N | prob=P | opcode=NAME|0xNN
+//! ITEM   := dnr | more | no-abort | count=N | prob=P | after=N | opcode=NAME|0xNN
 //!         | admin-opcode=NAME|0xNN | queue=N | nsid=N | lba=A[-B]
 //! ```
 //!
@@ -182,6 +182,9 @@ pub struct FaultSpec {
     pub count: Option<u64>,
     /// Fire on each matching command with this probability (None: always).
     pub probability: Option<f64>,
+    /// Let this many matching commands pass before firing (None: fire
+    /// from the first).
+    pub after: Option<u64>,
 }
 
 /// A spec that does not parse: which item, and why.
@@ -371,6 +374,7 @@ impl FromStr for FaultSpec {
             filter: Filter::default(),
             count: None,
             probability: None,
+            after: None,
         };
         for item in items {
             let (key, value) = match item.split_once('=') {
@@ -407,6 +411,9 @@ impl FromStr for FaultSpec {
                         Action::Timeout { abortable } => *abortable = false,
                         _ => return Err(error(item, "only timeout can refuse an Abort")),
                     }
+                }
+                "after" => {
+                    spec.after = Some(parse_number(value_of("N")?).map_err(|m| error(item, m))?);
                 }
                 "count" => {
                     let n = parse_number(value_of("N")?).map_err(|m| error(item, m))?;
@@ -449,9 +456,9 @@ impl FromStr for FaultSpec {
                     return Err(error(
                         item,
                         format!(
-                            "{other:?} is not an option (dnr, more, no-abort, count=, prob=, \
+                        "{other:?} is not an option (dnr, more, no-abort, count=, prob=, after=, \
                              opcode=, admin-opcode=, queue=, nsid=, lba=)"
-                        ),
+                    ),
                     ))
                 }
             }
@@ -481,6 +488,9 @@ impl FaultSpec {
                     return Err(
                         "media-error is persistent until rewritten: no count= or prob=".into(),
                     );
+                }
+                if self.after.is_some() {
+                    return Err("media-error is persistent until rewritten: no after=".into());
                 }
                 if f.opcode.is_some() || f.queue.is_some() {
                     return Err("media-error applies to blocks, not to opcodes or queues".into());
@@ -581,6 +591,9 @@ impl fmt::Display for FaultSpec {
         }
         if let Some(p) = self.probability {
             write!(f, ",prob={p}")?;
+        }
+        if let Some(n) = self.after {
+            write!(f, ",after={n}")?;
         }
         if let Some(o) = self.filter.opcode {
             match o.set {
@@ -696,6 +709,7 @@ mod tests {
         for text in [
             "status=0x281,dnr,count=3,opcode=read,nsid=1,lba=0-1023",
             "status=0x004,more,prob=0.5,queue=2",
+            "status=0x281,count=1,after=99,opcode=read",
             "ns-not-ready,dnr,nsid=2",
             "media-error,nsid=1,lba=100-199",
             "timeout,no-abort,count=1,opcode=read",
