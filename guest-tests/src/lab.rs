@@ -412,6 +412,8 @@ impl Lab {
                 run.join("qmp.sock").display()
             ));
         add_9p_share(&mut command, "p2plab-run", &guest_dir, false);
+        let ids: Vec<&str> = topology.servers.iter().map(|s| s.id.as_str()).collect();
+        add_control_ports(&mut command, run, &ids);
         if let Some(share) = &options.share {
             let share = share
                 .canonicalize()
@@ -733,6 +735,38 @@ fn remove_sockets(run_dir: &Path) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+    }
+}
+
+/// The guest's way to the servers' control sockets: one virtio-serial port
+/// per server that has one, named `p2plab.ctl.<id>` (the guest's
+/// `p2plab-ctl <id>` finds it), with QEMU as the socket's client. QEMU
+/// reconnects when a server is restarted.
+fn add_control_ports(command: &mut Command, run: &Path, ids: &[&str]) {
+    let sockets: Vec<(&str, PathBuf)> = ids
+        .iter()
+        .map(|id| (*id, run.join(format!("{id}.ctl"))))
+        .filter(|(_, path)| {
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+        })
+        .collect();
+    if sockets.is_empty() {
+        return;
+    }
+    command
+        .arg("-device")
+        .arg("virtio-serial-pci,id=p2plab-ctl");
+    for (id, path) in sockets {
+        command
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=ctl-{id},path={},reconnect-ms=1000",
+                path.display()
+            ))
+            .arg("-device")
+            .arg(format!(
+                "virtserialport,bus=p2plab-ctl.0,chardev=ctl-{id},name=p2plab.ctl.{id}"
+            ));
     }
 }
 

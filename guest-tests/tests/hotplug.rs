@@ -113,7 +113,9 @@ say GPU_REMOVED "$(dmesg | grep -c "$gpu_bdf: p2plab-gpu0 removed")"
 signal gpu-gone
 wait_host gpu-replugged
 say GPU_DRIVER_BACK "$(back_within 60 /sys/bus/pci/drivers/p2plab_gpu/$gpu_bdf)"
-i=0; until [ -e $gpu/p2pmem/published ] || [ $i -ge 100 ]; do sleep 0.2; i=$((i+1)); done
+# The p2pmem folder appears when the driver adds the resource and reads 0
+# until it publishes it a moment later: wait for the 1 (bounded).
+i=0; until [ "$(cat $gpu/p2pmem/published 2>/dev/null)" = 1 ] || [ $i -ge 100 ]; do sleep 0.2; i=$((i+1)); done
 say GPU_P2P_AFTER "$(cat $gpu/p2pmem/published 2>/dev/null)"
 p2plab-gpu-tool fill32 0 1M 0x5a17c0de >/dev/null; say GPU_FILL_STATUS $?
 say GPU_FILL_CRC "$(p2plab-gpu-tool checksum 0 1M)"

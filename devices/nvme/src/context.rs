@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use p2plab_fault::LbaRange;
+
 use crate::command::{Command, Completion};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer};
 use crate::memory::Placement;
@@ -104,6 +106,8 @@ pub(crate) struct CommandContext<'a> {
     /// Set by the command table from the command's row and set.
     pub(crate) data: DataTransfer,
     pub(crate) pointers: DataPointers,
+    /// An injected `corrupt`: Read flips a bit in each of these blocks.
+    pub corrupt: Option<LbaRange>,
 }
 
 impl<'a> CommandContext<'a> {
@@ -122,6 +126,7 @@ impl<'a> CommandContext<'a> {
             buffers,
             data: DataTransfer::None,
             pointers: DataPointers::PrpOnly,
+            corrupt: None,
         }
     }
 

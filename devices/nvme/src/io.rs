@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use p2plab_fault::LbaRange;
+
 use crate::context::{CommandContext, CommandResult, Outcome};
 use crate::datapointer::{DataPointers, DataTransfer, Direction};
 use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
@@ -156,11 +158,38 @@ fn write_cache_enabled(state: &ControllerState) -> bool {
     crate::lock(&state.admin).features.volatile_write_cache
 }
 
+/// Fails a read of blocks that an injected media error made unreadable.
+fn check_media(state: &ControllerState, ns: &Namespace, f: &ReadWrite) -> Result<(), Status> {
+    match state.first_bad_block(ns.nsid(), f.slba, f.blocks()) {
+        Some(lba) => {
+            add(&state.stats.injected_media_errors, 1);
+            tracing::info!(nsid = ns.nsid(), lba, "injected media error");
+            Err(Status::UNRECOVERED_READ_ERROR)
+        }
+        None => Ok(()),
+    }
+}
+
+/// Injected `corrupt`: flips bit 0 of the first byte of every block of
+/// `range` that lies in `data`, which holds blocks from `first_lba` on.
+fn corrupt(data: &mut [u8], first_lba: u64, block_size: u64, range: LbaRange) {
+    for (i, block) in data.chunks_mut(block_size as usize).enumerate() {
+        let lba = first_lba + i as u64;
+        if (range.first..=range.last).contains(&lba) {
+            if let Some(byte) = block.first_mut() {
+                *byte ^= 1;
+            }
+        }
+    }
+}
+
 fn read(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     let state = cx.state;
     let ns = namespace(state, f.nsid)?;
     let (offset, len) = data_range(state, ns, &f)?;
+    check_media(state, ns, &f)?;
     let buf = cx.map_data(len)?;
+    let block_size = u64::from(ns.block_size());
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
@@ -168,6 +197,9 @@ fn read(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
         ns.backend()
             .read_at(offset + done, data)
             .map_err(|e| backend_error(state, ns, &e, MediaAccess::Read))?;
+        if let Some(range) = cx.corrupt {
+            corrupt(data, f.slba + done / block_size, block_size, range);
+        }
         let placement = buf.write_to_host_at(&state.mem, done, data)?;
         count_data(state, placement, Direction::ToHost);
         done += n;
@@ -199,6 +231,7 @@ fn write(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
             .flush()
             .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     }
+    state.repair_blocks(ns.nsid(), f.slba, f.blocks());
     add(&state.stats.write_commands, 1);
     add(&state.stats.bytes_written, len);
     count_write(state, ns, len);
@@ -209,6 +242,7 @@ fn compare(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     let state = cx.state;
     let ns = namespace(state, f.nsid)?;
     let (offset, len) = data_range(state, ns, &f)?;
+    check_media(state, ns, &f)?;
     let buf = cx.map_data(len)?;
     add(&state.stats.compare_commands, 1);
     count_read(state, ns, len);
@@ -235,6 +269,7 @@ fn verify(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     // Verify moves no data, so MDTS does not apply; read it all back to
     // find unreadable blocks.
     let (offset, len) = ns.byte_range(f.slba, f.blocks())?;
+    check_media(state, ns, &f)?;
     let mut at = offset;
     while at < offset + len {
         let n = (offset + len - at).min(IO_CHUNK);
@@ -266,6 +301,7 @@ fn write_zeroes(cx: &mut CommandContext<'_>, f: WriteZeroes) -> CommandResult {
             .flush()
             .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     }
+    state.repair_blocks(ns.nsid(), f.slba, f.blocks());
     add(&state.stats.write_zeroes_commands, 1);
     for c in [&ns.counters, &state.totals] {
         add(&c.write_commands, 1);
@@ -293,14 +329,19 @@ fn dataset_management(cx: &mut CommandContext<'_>, f: DatasetManagement) -> Comm
         if range.nlb == 0 {
             continue;
         }
-        extents.push(ns.byte_range(range.slba, u64::from(range.nlb))?);
+        extents.push((
+            ns.byte_range(range.slba, u64::from(range.nlb))?,
+            range.slba,
+            u64::from(range.nlb),
+        ));
     }
-    for (offset, len) in extents {
+    for ((offset, len), slba, blocks) in extents {
         ns.backend().discard(offset, len).map_err(|e| {
             add(&state.stats.backend_errors, 1);
             tracing::warn!(nsid = ns.nsid(), %e, "deallocate failed");
             Status::INTERNAL_ERROR
         })?;
+        state.repair_blocks(ns.nsid(), slba, blocks);
     }
     Ok(Outcome::success())
 }

@@ -80,7 +80,11 @@ pub use namespace::{
     BlockBackend, FileBackend, Namespace, NamespaceError, NamespaceIds, NamespaceSpec,
 };
 pub use spec::Status;
+pub use state::{FaultReport, HeldReport};
 pub use stats::{Stats, StatsSnapshot};
+
+/// Fault injection specs (the `p2plab-fault` crate).
+pub use p2plab_fault as fault;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

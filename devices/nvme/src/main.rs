@@ -11,10 +11,12 @@ use std::sync::Arc;
 use anyhow::{anyhow, Result};
 use clap::Parser;
 use p2plab_dma::RegionMemory;
+use p2plab_nvme::fault::FaultSpec;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::{parse_size, Caching};
 use p2plab_nvme::server::{nvme_function, PciIds};
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
+use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::{info, info_span};
@@ -119,6 +121,58 @@ struct Args {
     /// Firmware revision (up to 8 ASCII characters).
     #[arg(long, value_name = "TEXT", default_value = env!("CARGO_PKG_VERSION"))]
     firmware: String,
+
+    /// Arm a fault injection from the start (repeatable), as
+    /// `p2plab-ctl inject` takes it: e.g. `status=0x281,dnr,count=3,opcode=read`,
+    /// `media-error:lba=100-199`, `timeout,count=1,opcode=read`,
+    /// `latency=5ms:opcode=write`, `cfs,opcode=write`, `drop-irq,count=1`,
+    /// `corrupt:lba=8-15`, `ns-not-ready`. See README "Breaking things on
+    /// purpose".
+    #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
+    injections: Vec<FaultSpec>,
+}
+
+fn parse_fault(text: &str) -> Result<FaultSpec, String> {
+    text.parse()
+        .map_err(|e: p2plab_nvme::fault::SpecError| e.to_string())
+}
+
+/// Answers the control socket for the controller.
+struct NvmeControl {
+    controller: Arc<NvmeController>,
+    dma: DmaSpace,
+}
+
+impl ControlHandler for NvmeControl {
+    fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
+        let c = &self.controller;
+        match request {
+            ControlRequest::Status => {
+                let mut value = stats_value(c, &self.dma);
+                if let Some(object) = value.as_object_mut() {
+                    let faults =
+                        serde_json::to_value(c.fault_report()).map_err(|e| e.to_string())?;
+                    object.insert("faults".into(), faults);
+                }
+                Ok(value)
+            }
+            ControlRequest::Inject { spec } => {
+                let spec: FaultSpec = spec
+                    .parse()
+                    .map_err(|e: p2plab_nvme::fault::SpecError| e.to_string())?;
+                let id = c.inject(spec);
+                Ok(serde_json::json!({ "id": id, "spec": spec.to_string() }))
+            }
+            ControlRequest::Clear => {
+                c.clear_faults();
+                Ok(serde_json::json!({}))
+            }
+            ControlRequest::Reset => {
+                c.surprise_reset();
+                Ok(serde_json::json!({}))
+            }
+        }
+    }
 }
 
 fn parse_namespace(text: &str) -> Result<NamespaceSpec, String> {
@@ -259,6 +313,22 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
             other => anyhow!(other),
         })?;
     let controller = Arc::clone(function.model().controller());
+    for spec in &args.injections {
+        controller.inject(*spec);
+    }
+    let _control = ControlServer::start(
+        &args.server.control_path(),
+        Arc::new(NvmeControl {
+            controller: Arc::clone(&controller),
+            dma: dma.clone(),
+        }),
+    )
+    .map_err(|e| {
+        anyhow!(
+            "--control-socket {}: {e}",
+            args.server.control_path().display()
+        )
+    })?;
 
     let server = Server::new(args.server.server_config(), dma.clone())?;
     let counters = {
@@ -280,13 +350,17 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
 /// memory, messages through the client (peer BARs, fd-less ranges), or
 /// served locally (the controller's own CMB).
 fn stats_json(controller: &NvmeController, dma: &DmaSpace) -> String {
+    serde_json::to_string_pretty(&stats_value(controller, dma)).unwrap_or_default()
+}
+
+fn stats_value(controller: &NvmeController, dma: &DmaSpace) -> serde_json::Value {
     let snapshot = controller.stats();
     let d = dma.stats();
     let local_read = snapshot.counters.cmb_read_bytes + d.local.read_bytes;
     let local_write = snapshot.counters.cmb_write_bytes + d.local.write_bytes;
     let mut value = match serde_json::to_value(snapshot) {
         Ok(v) => v,
-        Err(e) => return format!("{{\"error\":\"{e}\"}}"),
+        Err(e) => return serde_json::json!({ "error": e.to_string() }),
     };
     if let Some(object) = value.as_object_mut() {
         object.insert(
@@ -301,5 +375,5 @@ fn stats_json(controller: &NvmeController, dma: &DmaSpace) -> String {
             }),
         );
     }
-    serde_json::to_string_pretty(&value).unwrap_or_default()
+    value
 }

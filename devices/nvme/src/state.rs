@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
 
-use tracing::{error, warn};
+use p2plab_fault::{CommandInfo, Decision, FaultSpec, Injector};
+use serde::Serialize;
+use tracing::{error, info, warn};
 
 use crate::config::ControllerConfig;
 use crate::features::Features;
@@ -65,6 +67,10 @@ pub(crate) struct AdminState {
     pub doorbell_buffers: Option<(u64, u64)>,
     pub changed_namespaces: BTreeSet<u32>,
     pub queues_created: bool,
+    /// OCP Error Injection entries as the host set them, each with the ID
+    /// of the injection it armed (none when disabled). They survive
+    /// controller resets, like injections armed from the host.
+    pub ocp_error_injection: Vec<([u8; 32], Option<u64>)>,
 }
 
 impl AdminState {
@@ -76,6 +82,7 @@ impl AdminState {
             doorbell_buffers: None,
             changed_namespaces: BTreeSet::new(),
             queues_created: false,
+            ocp_error_injection: Vec::new(),
         }
     }
 }
@@ -85,6 +92,34 @@ impl AdminState {
 /// the state, so that the state, and the handlers that create queues, do
 /// not depend on the worker (which depends on them).
 pub(crate) type QueueWorker = fn(Arc<ControllerState>, Arc<SubmissionQueue>, Arc<CompletionQueue>);
+
+/// A command held without a completion by an injected `timeout`, until an
+/// Abort names it or the controller resets.
+pub(crate) struct HeldCommand {
+    pub sq: Arc<SubmissionQueue>,
+    pub cq: Arc<CompletionQueue>,
+    pub cid: u16,
+    pub opcode: u8,
+    /// Whether an Abort may abort it (`timeout,no-abort`: no).
+    pub abortable: bool,
+}
+
+/// A held command as the control socket's `status` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct HeldReport {
+    pub sqid: u16,
+    pub cid: u16,
+    pub opcode: u8,
+    pub abortable: bool,
+}
+
+/// Injected faults as the control socket's `status` shows them.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultReport {
+    pub armed: Vec<p2plab_fault::ArmedReport>,
+    pub bad_blocks: Vec<p2plab_fault::BadRangeReport>,
+    pub held_commands: Vec<HeldReport>,
+}
 
 pub(crate) struct ControllerState {
     pub cfg: ControllerConfig,
@@ -110,6 +145,12 @@ pub(crate) struct ControllerState {
     /// Totals of namespaces' counters that survive nothing but are summed
     /// into the controller-wide SMART log.
     pub totals: NamespaceCounters,
+    /// Armed fault injections and bad blocks; `faults_armed` lets the hot
+    /// path skip the lock while nothing is armed.
+    faults: Mutex<Injector>,
+    faults_armed: AtomicBool,
+    /// Commands held by an injected `timeout`.
+    pub held: Mutex<Vec<HeldCommand>>,
     queue_worker: QueueWorker,
 }
 
@@ -141,6 +182,9 @@ impl ControllerState {
             busy_nanos: AtomicU64::new(0),
             media_errors: AtomicU64::new(0),
             totals: NamespaceCounters::default(),
+            faults: Mutex::new(Injector::default()),
+            faults_armed: AtomicBool::new(false),
+            held: Mutex::new(Vec::new()),
             cfg,
             queue_worker,
         }
@@ -158,6 +202,114 @@ impl ControllerState {
     pub fn set_fatal(&self, why: &str) {
         error!("controller fatal status: {why}");
         self.fatal.store(true, Ordering::Release);
+    }
+
+    /// Arms an injection; returns its ID.
+    pub fn inject(&self, spec: FaultSpec) -> u64 {
+        let mut faults = crate::lock(&self.faults);
+        let id = faults.arm(spec);
+        info!(id, spec = %spec, "fault injection armed");
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
+        id
+    }
+
+    /// Disarms every injection and forgets every bad block. Held commands
+    /// stay held (an Abort or a reset releases them).
+    pub fn clear_faults(&self) {
+        crate::lock(&self.faults).clear();
+        self.faults_armed.store(false, Ordering::Release);
+        info!("fault injections cleared");
+    }
+
+    /// Disarms one injection (an OCP Error Injection entry replaced).
+    pub fn disarm_fault(&self, id: u64) {
+        let mut faults = crate::lock(&self.faults);
+        if faults.disarm(id) {
+            info!(id, "fault injection disarmed");
+        }
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
+    }
+
+    /// What the armed injections do to this command.
+    pub fn decide_faults(&self, cmd: &CommandInfo) -> Decision {
+        if !self.faults_armed.load(Ordering::Acquire) {
+            return Decision::default();
+        }
+        let mut faults = crate::lock(&self.faults);
+        let decision = faults.decide(cmd);
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
+        decision
+    }
+
+    /// The first block of the range that an injected media error makes
+    /// unreadable; counts the failed read on its spec.
+    pub fn first_bad_block(&self, nsid: u32, slba: u64, blocks: u64) -> Option<u64> {
+        if !self.faults_armed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut faults = crate::lock(&self.faults);
+        let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
+        faults.note_media_error(nsid, lba);
+        Some(lba)
+    }
+
+    /// Like [`first_bad_block`](Self::first_bad_block), without counting
+    /// (the error log's LBA); `slba` when no block is bad.
+    pub fn bad_block_for_log(&self, nsid: u32, slba: u64, blocks: u64) -> u64 {
+        crate::lock(&self.faults)
+            .bad_blocks()
+            .first_bad(nsid, slba, blocks)
+            .unwrap_or(slba)
+    }
+
+    /// The blocks were rewritten or deallocated: injected media errors on
+    /// them are gone.
+    pub fn repair_blocks(&self, nsid: u32, slba: u64, blocks: u64) {
+        if !self.faults_armed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut faults = crate::lock(&self.faults);
+        faults.bad_blocks_mut().repair(nsid, slba, blocks);
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
+    }
+
+    /// The namespace was formatted: no bad blocks remain on it.
+    pub fn forget_bad_blocks(&self, nsid: u32) {
+        let mut faults = crate::lock(&self.faults);
+        faults.bad_blocks_mut().forget_namespace(nsid);
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
+    }
+
+    /// Takes the held command `cid` of queue `sqid` if an Abort may abort
+    /// it.
+    pub fn take_held(&self, sqid: u16, cid: u16) -> Option<HeldCommand> {
+        let mut held = crate::lock(&self.held);
+        let at = held
+            .iter()
+            .position(|h| h.sq.id == sqid && h.cid == cid && h.abortable)?;
+        Some(held.remove(at))
+    }
+
+    pub fn fault_report(&self) -> FaultReport {
+        let faults = crate::lock(&self.faults);
+        FaultReport {
+            armed: faults.report(),
+            bad_blocks: faults.bad_blocks().report(),
+            held_commands: crate::lock(&self.held)
+                .iter()
+                .map(|h| HeldReport {
+                    sqid: h.sq.id,
+                    cid: h.cid,
+                    opcode: h.opcode,
+                    abortable: h.abortable,
+                })
+                .collect(),
+        }
     }
 
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
@@ -244,6 +396,8 @@ impl ControllerState {
         // The worker threads are detached: joining here could wait for a
         // DMA that needs this very thread to answer.
         drop(stopped);
+        // Held commands die with their queues, without completions.
+        crate::lock(&self.held).clear();
         // The error log and its count survive resets (SMART reports the
         // lifetime count); everything else starts over.
         let mut admin = crate::lock(&self.admin);

@@ -91,6 +91,17 @@ counters! {
     async_events,
     /// Backing store operations that failed (EIO, ENOSPC...).
     backend_errors,
+    /// Injected faults that fired (one per spec per command), completions
+    /// whose interrupt was dropped on purpose, commands held without a
+    /// completion (`timeout`), and held commands that an Abort aborted.
+    injected_faults,
+    interrupts_dropped,
+    /// Completions whose interrupt was sent late on purpose (`delay-irq`).
+    interrupts_delayed,
+    commands_held,
+    commands_aborted,
+    /// Reads failed by an injected media error.
+    injected_media_errors,
 }
 
 /// The CMB as the tester wants to see it.

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::debug;
+use p2plab_fault::{CommandInfo, Decision};
+use tracing::{debug, info};
 
 use crate::admin::{self, ADMIN_COMMANDS};
 use crate::command::{Command, Completion};
@@ -15,8 +16,8 @@ use crate::fields::{CommandFields, ReadWrite};
 use crate::io::{self, IO_COMMANDS};
 use crate::logs::ErrorEntry;
 use crate::queues::{CompletionQueue, PostError, SubmissionQueue};
-use crate::spec::{Status, SQE_SIZE};
-use crate::state::ControllerState;
+use crate::spec::{io as io_op, Status, SQE_SIZE};
+use crate::state::{ControllerState, HeldCommand};
 
 /// Completions posted before the interrupt is signalled even though more
 /// commands are waiting (interrupt batching).
@@ -125,11 +126,25 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         sq.fetched.fetch_add(1, Ordering::Relaxed);
         let cmd = Command::from_bytes(raw);
         let started = Instant::now();
-        let mut cx = CommandContext::new(&state, &cmd, &cq, head as u16, &mut buffers);
-        let completion = match execute(&mut cx) {
-            Outcome::Complete(c) => c,
-            // Parked (Asynchronous Event Request): completes later.
-            Outcome::Deferred => continue,
+        let fault = state.decide_faults(&command_info(sq.id, &cmd));
+        if !fault.is_none() {
+            match apply_fault(&state, &sq, &cq, &cmd, &fault) {
+                FaultStep::Run => {}
+                FaultStep::Held => continue,
+                FaultStep::Stop => break,
+            }
+        }
+        let completion = match fault.status {
+            Some((sct_sc, dnr, more)) => Completion::error(injected_status(sct_sc, dnr, more)),
+            None => {
+                let mut cx = CommandContext::new(&state, &cmd, &cq, head as u16, &mut buffers);
+                cx.corrupt = fault.corrupt;
+                match execute(&mut cx) {
+                    Outcome::Complete(c) => c,
+                    // Parked (Asynchronous Event Request): completes later.
+                    Outcome::Deferred => continue,
+                }
+            }
         };
         note_completion(&state, sq.id, &cmd, &completion, started);
         match cq.post(
@@ -141,6 +156,28 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
             cmd.cid(),
             Some(&sq.stop),
         ) {
+            Ok(()) if fault.drop_interrupt => {
+                // The completion is in the queue; only its MSI-X message
+                // is lost. Later completions' interrupts still cover it.
+                state
+                    .stats
+                    .interrupts_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(cid = cmd.cid(), "injected: interrupt dropped");
+                continue;
+            }
+            Ok(()) if !fault.interrupt_delay.is_zero() => {
+                // The completion is visible now; its interrupt (and this
+                // queue's next commands) wait.
+                state
+                    .stats
+                    .interrupts_delayed
+                    .fetch_add(1, Ordering::Relaxed);
+                sleep_unless_stopped(&sq, fault.interrupt_delay);
+                state.interrupt(&cq);
+                unsignalled = 0;
+                continue;
+            }
             Ok(()) => unsignalled += 1,
             Err(PostError::Stopped) => break,
             Err(PostError::Fault(e)) => {
@@ -157,6 +194,99 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         }
     }
     tracing::debug!("queue worker stopped");
+}
+
+/// The fields of a command that injection specs match on.
+fn command_info(sqid: u16, cmd: &Command) -> CommandInfo {
+    let addresses_blocks = sqid != 0
+        && matches!(
+            cmd.opcode(),
+            io_op::READ | io_op::WRITE | io_op::COMPARE | io_op::WRITE_ZEROES | io_op::VERIFY
+        );
+    let lba = if addresses_blocks {
+        ReadWrite::parse(cmd).ok().map(|f| (f.slba, f.blocks()))
+    } else {
+        None
+    };
+    CommandInfo {
+        queue: sqid,
+        opcode: cmd.opcode(),
+        nsid: cmd.nsid(),
+        lba,
+    }
+}
+
+/// An injected status as a completion status: SCT/SC, More (bit 13), DNR
+/// (bit 14).
+fn injected_status(sct_sc: u16, dnr: bool, more: bool) -> Status {
+    Status::from_raw(sct_sc | (u16::from(more) << 13) | (u16::from(dnr) << 14))
+}
+
+/// Sleeps for `time`, in slices so that a reset or queue deletion is not
+/// held up.
+fn sleep_unless_stopped(sq: &SubmissionQueue, time: Duration) {
+    let until = Instant::now() + time;
+    while !sq.stopped() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
+}
+
+/// What the worker does after applying a fault.
+enum FaultStep {
+    /// Go on (with the decision's status or corruption, if any).
+    Run,
+    /// The command is held; fetch the next one.
+    Held,
+    /// The controller is fatal; the worker ends.
+    Stop,
+}
+
+/// Applies the parts of a fault that come before a command runs: delay,
+/// CSTS.CFS, holding the command.
+fn apply_fault(
+    state: &Arc<ControllerState>,
+    sq: &Arc<SubmissionQueue>,
+    cq: &Arc<CompletionQueue>,
+    cmd: &Command,
+    fault: &Decision,
+) -> FaultStep {
+    state
+        .stats
+        .injected_faults
+        .fetch_add(u64::from(fault.fired), Ordering::Relaxed);
+    info!(
+        sqid = sq.id,
+        cid = cmd.cid(),
+        opcode = format_args!("{:#04x}", cmd.opcode()),
+        nsid = cmd.nsid(),
+        ?fault,
+        "injected fault fires"
+    );
+    sleep_unless_stopped(sq, fault.latency);
+    if fault.fatal {
+        state.set_fatal(&format!(
+            "injected cfs on SQ {} command {}",
+            sq.id,
+            cmd.cid()
+        ));
+        return FaultStep::Stop;
+    }
+    if let Some(abortable) = fault.hang {
+        state.stats.commands_held.fetch_add(1, Ordering::Relaxed);
+        crate::lock(&state.held).push(HeldCommand {
+            sq: Arc::clone(sq),
+            cq: Arc::clone(cq),
+            cid: cmd.cid(),
+            opcode: cmd.opcode(),
+            abortable,
+        });
+        return FaultStep::Held;
+    }
+    FaultStep::Run
 }
 
 /// Bookkeeping for a finished command: counters, error log, tracing.
@@ -215,7 +345,14 @@ fn note_completion(
     ) {
         state.media_errors.fetch_add(1, Ordering::Relaxed);
     }
-    let lba = if admin_queue { 0 } else { slba };
+    // A media error reports the first unreadable block, as a drive does.
+    let lba = if admin_queue {
+        0
+    } else if c.status == Status::UNRECOVERED_READ_ERROR {
+        state.bad_block_for_log(cmd.nsid(), slba, blocks)
+    } else {
+        slba
+    };
     crate::lock(&state.admin).error_log.record(ErrorEntry {
         sqid,
         cid: cmd.cid(),

@@ -61,6 +61,11 @@ pub struct ServerArgs {
     /// target (seed corpora are recorded this way).
     #[arg(long, value_name = "FILE", display_order = AFTER_DEVICE_FLAGS + 7)]
     pub record_session: Option<PathBuf>,
+
+    /// Control socket for p2plab-ctl (status, inject, clear, reset), mode
+    /// 0600. Default: the --socket path with the extension .ctl.
+    #[arg(long, value_name = "PATH", display_order = AFTER_DEVICE_FLAGS + 8)]
+    pub control_socket: Option<PathBuf>,
 }
 
 /// An octal file mode of at most 0777 ("0600", "600" or "0o600").
@@ -83,6 +88,14 @@ impl ServerArgs {
         config.allowed_uids = self.allow_uid.clone();
         config.record_session = self.record_session.clone();
         config
+    }
+
+    /// Where the control socket goes (`--control-socket`, else next to
+    /// `--socket`).
+    pub fn control_path(&self) -> PathBuf {
+        self.control_socket
+            .clone()
+            .unwrap_or_else(|| crate::control::default_control_path(&self.socket))
     }
 
     /// `--stats-interval-ms`, at least 10 ms so a typo cannot turn the
@@ -207,6 +220,7 @@ mod tests {
             "--socket-mode",
             "--allow-uid",
             "--record-session",
+            "--control-socket",
             "--help",
         ]
         .iter()

@@ -9,6 +9,7 @@
 //! - the open-file limit raised to its hard maximum (each DMA range and
 //!   interrupt keeps a client fd open),
 //! - [`log_limited!`] for log lines a guest or client can trigger at will,
+//! - the control socket ([`control`]) that `p2plab-ctl` talks to,
 //! - the `main` skeleton: order of setup, error reporting and exit codes.
 //!
 //! The transport (p2plab-vfio-user) stays free of these process concerns.
@@ -44,12 +45,14 @@
 //! signals     -> counters                                       (signal thread)
 //! stats_file  -> counters                                       (stats file thread)
 //! logging     -> args
+//! control                                                       (control socket, leaf)
 //! args, counters                                                (leaves)
 //! ```
 
 #![deny(missing_docs)]
 
 mod args;
+pub mod control;
 mod counters;
 mod logging;
 mod process;

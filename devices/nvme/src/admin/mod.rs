@@ -7,6 +7,7 @@
 //! - here: the table, Abort, Asynchronous Event Request, Format NVM.
 
 mod info;
+mod ocp;
 mod queues;
 
 use std::sync::atomic::Ordering;
@@ -176,9 +177,30 @@ fn abort(cx: &mut CommandContext<'_>, f: Abort) -> CommandResult {
     if lock(&state.queues).sq(f.sqid).is_none() {
         return Err(Status::INVALID_FIELD);
     }
-    // Only parked Asynchronous Event Requests can be caught; every other
-    // command runs to completion once fetched. Dword 0 bit 0 set means
-    // "not aborted".
+    // Parked Asynchronous Event Requests and commands held by an injected
+    // `timeout` can be caught; every other command runs to completion once
+    // fetched. Dword 0 bit 0 set means "not aborted".
+    if let Some(held) = state.take_held(f.sqid, f.cid) {
+        let aborted = Completion::error(Status::ABORT_REQUESTED);
+        let sq_head = held.sq.head.load(Ordering::Acquire) as u16;
+        let cancel = (f.sqid != 0).then_some(&held.sq.stop);
+        let posted = held.cq.post(
+            &state.mem,
+            &state.stats,
+            &aborted,
+            sq_head,
+            f.sqid,
+            f.cid,
+            cancel,
+        );
+        if posted.is_ok() {
+            state.interrupt(&held.cq);
+            state.stats.commands_aborted.fetch_add(1, Ordering::Relaxed);
+            info!(sqid = f.sqid, cid = f.cid, "held command aborted");
+            return Ok(Outcome::with_result(0));
+        }
+        return Ok(Outcome::with_result(1));
+    }
     if f.sqid == 0 && lock(&state.admin).events.unpark(f.cid) {
         let aborted = Completion::error(Status::ABORT_REQUESTED);
         let _ = cx.cq.post(
@@ -215,6 +237,7 @@ fn format_nvm(cx: &mut CommandContext<'_>, f: FormatNvm) -> CommandResult {
     }
     for ns in targets {
         ns.format(f.lbaf)?;
+        state.forget_bad_blocks(ns.nsid());
         info!(
             nsid = ns.nsid(),
             block_size = ns.block_size(),

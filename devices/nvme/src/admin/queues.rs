@@ -186,6 +186,8 @@ pub(super) fn delete_io_sq(cx: &mut CommandContext<'_>, f: DeleteIoQueue) -> Com
     if let Some(handle) = handle {
         let _ = handle.join();
     }
+    // Commands held by an injected `timeout` go with their queue.
+    lock(&state.held).retain(|h| h.sq.id != f.qid);
     info!(qid = f.qid, "I/O submission queue deleted");
     Ok(Outcome::success())
 }

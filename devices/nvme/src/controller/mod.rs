@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
+use p2plab_fault::FaultSpec;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};
@@ -29,7 +30,7 @@ use crate::interrupts::Interrupts;
 use crate::memory::DmaRouter;
 use crate::namespace::Namespace;
 use crate::registers::{Cap, Csts};
-use crate::state::{ControllerState, Regs};
+use crate::state::{ControllerState, FaultReport, Regs};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::worker;
 
@@ -199,6 +200,17 @@ impl NvmeController {
         state.power_cycles.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A controller reset the host did not ask for (`p2plab-ctl reset`):
+    /// every queue goes away as if CC.EN went 1 -> 0, CC.EN reads 0, and
+    /// the BAR and CMB placement stay (config space did not change). The
+    /// host's driver finds out through its timeouts.
+    pub fn surprise_reset(&self) {
+        let mut regs = crate::lock(&self.state.regs);
+        info!("controller reset from the control socket");
+        regs.cc = Default::default();
+        self.state.stop_queues(&mut regs);
+    }
+
     /// Flushes every namespace and the PMR (server shutdown).
     pub fn flush_all(&self) {
         self.state.persist_pmr();
@@ -207,6 +219,22 @@ impl NvmeController {
                 warn!(nsid = ns.nsid(), %e, "flush failed");
             }
         }
+    }
+
+    /// Arms a fault injection (see the `p2plab-fault` crate for specs);
+    /// returns its ID.
+    pub fn inject(&self, spec: FaultSpec) -> u64 {
+        self.state.inject(spec)
+    }
+
+    /// Disarms every injection and forgets injected bad blocks.
+    pub fn clear_faults(&self) {
+        self.state.clear_faults();
+    }
+
+    /// Armed injections, bad blocks and held commands.
+    pub fn fault_report(&self) -> FaultReport {
+        self.state.fault_report()
     }
 
     pub fn stats(&self) -> StatsSnapshot {

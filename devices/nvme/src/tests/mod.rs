@@ -4,6 +4,7 @@
 mod admin_cmds;
 mod command_tables;
 mod doorbells;
+mod faults;
 mod harness;
 mod io_cmds;
 mod pmr;

@@ -1,0 +1,19 @@
+//! Fault injection for p2plab devices, device-agnostic where it can be:
+//!
+//! - [`FaultSpec`]: one injection as text (`status=0x281,dnr,count=3,opcode=read,lba=0-1023`),
+//!   parsed with errors that name the bad item and printed back in a
+//!   canonical form that parses to the same spec.
+//! - [`Injector`]: the armed specs of one device; [`Injector::decide`] says
+//!   what to do to a command, [`BadBlocks`] keeps media-error ranges until
+//!   they are rewritten.
+//!
+//! The device model applies the [`Decision`]; this crate knows command
+//! fields (queue, opcode, namespace, LBAs), not any device's registers.
+
+mod injector;
+mod spec;
+
+pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector};
+pub use spec::{
+    Action, CommandInfo, CommandSet, FaultSpec, Filter, LbaRange, Opcode, SpecError, MAX_LATENCY,
+};
