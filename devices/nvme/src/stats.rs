@@ -91,6 +91,12 @@ counters! {
     async_events,
     /// Backing store operations that failed (EIO, ENOSPC...).
     backend_errors,
+    /// Internal errors (a panic at the queue-worker boundary) that set
+    /// CSTS.CFS.
+    internal_errors,
+    /// Flushes refused because an earlier flush of the namespace failed
+    /// (sticky until a controller reset).
+    sticky_flush_failures,
 }
 
 /// The CMB as the tester wants to see it.

@@ -367,8 +367,8 @@ fn start_shutdown(state: &Arc<ControllerState>, regs: &mut Regs) {
         .name("nvme-shutdown".into())
         .spawn(move || {
             for ns in &state.namespaces {
-                if let Err(e) = ns.backend().flush() {
-                    warn!(nsid = ns.nsid(), %e, "flush at shutdown failed");
+                if let Err(e) = ns.flush() {
+                    warn!(nsid = ns.nsid(), ?e, "flush at shutdown failed");
                 }
             }
             let mut regs = crate::lock(&state.regs);

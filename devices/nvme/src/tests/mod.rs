@@ -8,3 +8,4 @@ mod harness;
 mod io_cmds;
 mod pmr;
 mod registers;
+mod robustness;
