@@ -33,7 +33,7 @@ const VRAM_WINDOW: u64 = 1 << 20;
 const MAX_STEERED_LEN: u64 = 64 << 10;
 /// How long a ring kick may keep the engine busy before the target moves
 /// on (a disabled ring or cleared BME leaves work pending).
-const WAIT: Duration = Duration::from_millis(20);
+const WAIT: Duration = Duration::from_millis(5);
 
 struct Guest {
     gpu: Gpu,

@@ -30,10 +30,11 @@ const IO_SQ: u64 = RAM + 0x2000;
 const IO_CQ: u64 = RAM + 0x3000;
 const ENTRIES: u32 = 16;
 const CMB_BAR: u64 = 0x8000_0000;
-const CMB_SIZE: u64 = 1 << 20;
+/// The smallest CMB a controller takes (2 MiB granules).
+const CMB_SIZE: u64 = 2 << 20;
 /// How long a command may take before the target moves on (Asynchronous
 /// Event Requests never complete on their own).
-const WAIT: Duration = Duration::from_millis(20);
+const WAIT: Duration = Duration::from_millis(5);
 
 struct NoInterrupts;
 
@@ -72,6 +73,7 @@ impl Guest {
             ..ControllerConfig::default()
         };
         let cmb: Arc<dyn RegionMemory> = Arc::new(HeapRegion::new(CMB_SIZE as usize));
+        // A configuration the target got wrong must not pass silently.
         let ctrl = NvmeController::new(
             cfg,
             vec![ns],
@@ -79,7 +81,7 @@ impl Guest {
             Some(cmb),
             Arc::new(NoInterrupts),
         )
-        .ok()?;
+        .expect("the fuzzed controller's configuration is valid");
         ctrl.set_cmb_bar_address(Some(CMB_BAR));
         let queue = |sq, cq| Queue {
             sq,
