@@ -133,7 +133,7 @@ fn backend_error(
     access: MediaAccess,
 ) -> Status {
     add(&state.stats.backend_errors, 1);
-    tracing::warn!(nsid = ns.nsid(), %e, ?access, "backing store error");
+    p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, ?access, "backing store error");
     io_error_status(e, access)
 }
 
@@ -312,7 +312,7 @@ fn dataset_management(cx: &mut CommandContext<'_>, f: DatasetManagement) -> Comm
     for (offset, len) in extents {
         ns.backend().discard(offset, len).map_err(|e| {
             add(&state.stats.backend_errors, 1);
-            tracing::warn!(nsid = ns.nsid(), %e, "deallocate failed");
+            p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, "deallocate failed");
             Status::INTERNAL_ERROR
         })?;
     }
