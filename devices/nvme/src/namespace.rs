@@ -4,7 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -70,7 +70,10 @@ impl FileBackend {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(!existing)
+            .create_new(!existing)
+            // A file we create is ours alone; create_new (O_EXCL) never
+            // follows a symlink planted at the path after the check.
+            .mode(0o600)
             .truncate(false)
             .open(path)
             .map_err(|e| err("cannot open", e))?;
@@ -642,6 +645,10 @@ mod tests {
         );
         assert!(!path.exists());
         let b = FileBackend::open(&path, Some(1 << 20)).unwrap();
+        // Catches a namespace file created readable by others.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "created 0600");
         b.write_at(4096, b"hello").unwrap();
         b.flush().unwrap();
         drop(b);

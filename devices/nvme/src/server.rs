@@ -5,7 +5,8 @@
 //!
 //! BAR0 holds the registers, doorbells and the MSI-X table and PBA (on their
 //! own pages). BAR2, 64-bit prefetchable, is the CMB: a memfd QEMU maps, so
-//! guest CPU accesses never trap.
+//! guest CPU accesses never trap. BAR4 is the PMR: trapped, every access
+//! goes through to its file, which is never handed to the client.
 
 use std::sync::Arc;
 
@@ -65,7 +66,6 @@ pub struct NvmeFunction {
     /// Guest memory behind COMMAND.BME: closed until the guest sets it.
     bus_master: Arc<BusMasterGate>,
     cmb: Option<Arc<SharedMemory>>,
-    pmr: Option<Arc<FileRegion>>,
 }
 
 impl NvmeFunction {
@@ -147,11 +147,11 @@ impl PciModel for NvmeFunction {
                 fd_offset: 0,
                 areas: Vec::new(),
             }),
-            PMR_BAR => self.pmr.as_ref().map(|file| BarBacking {
-                fd: file.fd(),
-                fd_offset: 0,
-                areas: Vec::new(),
-            }),
+            // The PMR is never handed out: an fd of its file would let the
+            // client truncate or rewrite it behind the device's back (and
+            // the server could no longer restart). Guest accesses to BAR4
+            // trap and write through to the file.
+            PMR_BAR => None,
             _ => None,
         }
     }
@@ -250,7 +250,6 @@ pub fn nvme_function_on(
         controller: Arc::new(controller),
         bus_master,
         cmb: shared,
-        pmr,
     };
     PciFunction::from_parts(config, irq, model).map_err(|e| BuildError::Pci(e.0))
 }
@@ -286,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pmr_is_bar4_backed_by_its_file() {
+    fn a_pmr_is_bar4_trapped_through_to_its_file() {
         let path = std::env::temp_dir().join(format!("p2plab-nvme-bar4-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let region = Arc::new(FileRegion::open(&path, Some(1 << 20)).unwrap());
@@ -303,10 +302,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.config().bar_size(4), Some(1 << 20));
-        assert!(f.region_info(4).unwrap().fd.is_some());
+        // Catches a PMR handed to the client as a writable fd of its file.
+        assert!(
+            f.region_info(4).unwrap().fd.is_none(),
+            "the PMR file is not handed out"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the PMR file is created 0600");
         f.region_write(4, 0x100, b"pmr!").unwrap();
         let on_disk = std::fs::read(&path).unwrap();
         assert_eq!(&on_disk[0x100..0x104], b"pmr!");
+        // A restarted server finds the contents.
+        drop(f);
+        let region = Arc::new(FileRegion::open(&path, Some(1 << 20)).unwrap());
+        let cfg = ControllerConfig {
+            pmr_size: 1 << 20,
+            ..ControllerConfig::default()
+        };
+        let mut f = nvme_function(
+            cfg,
+            &PciIds::default(),
+            Vec::new(),
+            Some(region),
+            DmaSpace::new(),
+        )
+        .unwrap();
+        let mut back = [0u8; 4];
+        f.region_read(4, 0x100, &mut back).unwrap();
+        assert_eq!(&back, b"pmr!");
         let _ = std::fs::remove_file(&path);
     }
 
