@@ -44,7 +44,9 @@ struct Guest {
 impl Guest {
     fn write(&self, reg: Reg, value: u64) {
         match reg.width() {
-            Width::Bits32 => self.gpu.regs_write(reg.offset(), &(value as u32).to_le_bytes()),
+            Width::Bits32 => self
+                .gpu
+                .regs_write(reg.offset(), &(value as u32).to_le_bytes()),
             Width::Bits64 => self.gpu.regs_write(reg.offset(), &value.to_le_bytes()),
         }
     }
@@ -106,7 +108,9 @@ fuzz_target!(|data: &[u8]| {
     let mut rest = data;
     while let Some((&op, tail)) = rest.split_first() {
         rest = tail;
-        let jobs_before = guest.read32(Reg::JobsCompleted).wrapping_add(guest.read32(Reg::JobsFailed));
+        let jobs_before = guest
+            .read32(Reg::JobsCompleted)
+            .wrapping_add(guest.read32(Reg::JobsFailed));
         match op & 0x7 {
             // A ring entry at the tail, then the doorbell.
             0 => {

@@ -18,8 +18,8 @@ use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
 use p2plab_nvme::registers::{reg, Csts};
 use p2plab_nvme::{
-    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Interrupts,
-    Namespace, NamespaceIds, NvmeController,
+    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Interrupts, Namespace,
+    NamespaceIds, NvmeController,
 };
 
 const RAM: u64 = 0x10_0000;
@@ -140,13 +140,16 @@ impl Guest {
         }
         queue.tail = (queue.tail + 1) % ENTRIES;
         let sq_doorbell = 0x1000 + 8 * q as u64;
-        self.ctrl
-            .write_bar0(sq_doorbell, &queue.tail.to_le_bytes());
+        self.ctrl.write_bar0(sq_doorbell, &queue.tail.to_le_bytes());
         let deadline = Instant::now() + WAIT;
         loop {
             let queue = &mut self.queues[q];
             let mut e = [0u8; 16];
-            if self.ram.read(queue.cq + u64::from(queue.head) * 16, &mut e).is_err() {
+            if self
+                .ram
+                .read(queue.cq + u64::from(queue.head) * 16, &mut e)
+                .is_err()
+            {
                 return;
             }
             if CompletionEntry::decode(&e).phase == queue.phase {
@@ -155,8 +158,7 @@ impl Guest {
                     queue.phase = !queue.phase;
                 }
                 let head = queue.head;
-                self.ctrl
-                    .write_bar0(sq_doorbell + 4, &head.to_le_bytes());
+                self.ctrl.write_bar0(sq_doorbell + 4, &head.to_le_bytes());
                 return;
             }
             let csts = self.csts();
