@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 mod fault;
+mod gate;
 mod region;
 mod transport;
 
@@ -25,6 +26,7 @@ mod transport;
 pub mod testing;
 
 pub use fault::{DmaFault, DmaFaultKind};
+pub use gate::BusMasterGate;
 pub use region::{checked_range, HeapRegion, RegionMemory};
 pub use transport::{fault_kind, SharedRegion};
 

@@ -104,7 +104,8 @@ impl RegisterFile {
 
     /// Stops the engine on a ring-level error.
     pub fn halt(&mut self, error: StatusCode, stats: &Stats) {
-        tracing::warn!(
+        p2plab_vfio_user::log_limited!(
+            warn,
             code = error.code(),
             reason = error.meaning(),
             "engine halted"

@@ -9,7 +9,7 @@ use crate::context::{CommandContext, CommandResult, Outcome};
 use crate::datapointer::{DataPointers, DataTransfer, Direction};
 use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
 use crate::memory::Placement;
-use crate::namespace::{io_error_status, MediaAccess, Namespace};
+use crate::namespace::{io_error_status, FlushError, MediaAccess, Namespace};
 use crate::spec::effects::{CSUPP, LBCC};
 use crate::spec::{io, Status, NSID_ALL};
 use crate::state::ControllerState;
@@ -135,8 +135,26 @@ fn backend_error(
     access: MediaAccess,
 ) -> Status {
     add(&state.stats.backend_errors, 1);
-    tracing::warn!(nsid = ns.nsid(), %e, ?access, "backing store error");
+    p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, ?access, "backing store error");
     io_error_status(e, access)
+}
+
+/// Flushes `ns`; a failure, now or at any flush since the last
+/// controller reset, is a Write Fault.
+fn flush_namespace(state: &ControllerState, ns: &Namespace) -> Result<(), Status> {
+    match ns.flush() {
+        Ok(()) => Ok(()),
+        Err(FlushError::Failed(e)) => Err(backend_error(state, ns, &e, MediaAccess::Write)),
+        Err(FlushError::Sticky) => {
+            add(&state.stats.sticky_flush_failures, 1);
+            p2plab_vfio_user::log_limited!(
+                warn,
+                nsid = ns.nsid(),
+                "flush refused: an earlier flush failed (reset the controller)"
+            );
+            Err(Status::WRITE_FAULT)
+        }
+    }
 }
 
 fn count_read(state: &ControllerState, ns: &Namespace, bytes: u64) {
@@ -227,9 +245,7 @@ fn write(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
         done += n;
     }
     if f.fua || !write_cache_enabled(state) {
-        ns.backend()
-            .flush()
-            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
+        flush_namespace(state, ns)?;
     }
     state.repair_blocks(ns.nsid(), f.slba, f.blocks());
     add(&state.stats.write_commands, 1);
@@ -297,9 +313,7 @@ fn write_zeroes(cx: &mut CommandContext<'_>, f: WriteZeroes) -> CommandResult {
     };
     result.map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
     if f.fua || !write_cache_enabled(state) {
-        backend
-            .flush()
-            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
+        flush_namespace(state, ns)?;
     }
     state.repair_blocks(ns.nsid(), f.slba, f.blocks());
     add(&state.stats.write_zeroes_commands, 1);
@@ -338,7 +352,7 @@ fn dataset_management(cx: &mut CommandContext<'_>, f: DatasetManagement) -> Comm
     for ((offset, len), slba, blocks) in extents {
         ns.backend().discard(offset, len).map_err(|e| {
             add(&state.stats.backend_errors, 1);
-            tracing::warn!(nsid = ns.nsid(), %e, "deallocate failed");
+            p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, "deallocate failed");
             Status::INTERNAL_ERROR
         })?;
         state.repair_blocks(ns.nsid(), slba, blocks);
@@ -353,9 +367,7 @@ fn flush(cx: &mut CommandContext<'_>, f: Flush) -> CommandResult {
         nsid => vec![state.check_nsid(nsid)?.as_ref()],
     };
     for ns in targets {
-        ns.backend()
-            .flush()
-            .map_err(|e| backend_error(state, ns, &e, MediaAccess::Write))?;
+        flush_namespace(state, ns)?;
     }
     add(&state.stats.flush_commands, 1);
     Ok(Outcome::success())

@@ -257,9 +257,9 @@ impl DmaRouter {
     }
 }
 
-/// A file as device memory: the Persistent Memory Region. QEMU maps the
-/// same file (MAP_SHARED), so pread/pwrite here and guest loads and stores
-/// there meet in the page cache; [`flush`](RegionMemory::flush) is
+/// A file as device memory: the Persistent Memory Region, reached with
+/// pread/pwrite (DMA and trapped guest accesses to BAR4 alike; the file is
+/// never handed to the client); [`flush`](RegionMemory::flush) is
 /// fdatasync.
 pub struct FileRegion {
     file: std::fs::File,
@@ -273,12 +273,16 @@ impl FileRegion {
     /// is given.
     pub fn open(path: &std::path::Path, size: Option<u64>) -> Result<Self, String> {
         use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::OpenOptionsExt;
         let label = path.display().to_string();
         let existing = path.exists();
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(!existing)
+            .create_new(!existing)
+            // A file we create is ours alone; create_new (O_EXCL) never
+            // follows a symlink planted at the path after the check.
+            .mode(0o600)
             .truncate(false)
             .open(path)
             .map_err(|e| format!("{label}: {e}"))?;
@@ -302,12 +306,6 @@ impl FileRegion {
             (true, _) => actual,
         };
         Ok(Self { file, size, label })
-    }
-
-    /// The file, e.g. for QEMU to map.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.file.as_raw_fd()
     }
 
     pub fn describe(&self) -> &str {

@@ -109,7 +109,10 @@ impl FileBackend {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(!existing)
+            .create_new(!existing)
+            // A file we create is ours alone; create_new (O_EXCL) never
+            // follows a symlink planted at the path after the check.
+            .mode(0o600)
             .truncate(false)
             .open(path)
             .map_err(|e| err("cannot open", e))?;
@@ -450,7 +453,18 @@ pub struct Namespace {
     formats: u8,
     ids: NamespaceIds,
     formatting: AtomicBool,
+    /// A flush failed since the last controller reset (sticky).
+    flush_failed: AtomicBool,
     pub counters: NamespaceCounters,
+}
+
+/// Why [`Namespace::flush`] failed.
+#[derive(Debug)]
+pub enum FlushError {
+    /// The backing store's fdatasync failed now.
+    Failed(io::Error),
+    /// An earlier flush failed; writes it covered may be lost.
+    Sticky,
 }
 
 impl Namespace {
@@ -474,12 +488,40 @@ impl Namespace {
             formats,
             ids,
             formatting: AtomicBool::new(false),
+            flush_failed: AtomicBool::new(false),
             counters: NamespaceCounters::default(),
         }
     }
 
     pub fn nsid(&self) -> u32 {
         self.nsid
+    }
+
+    /// Makes completed writes durable. Once a flush has failed, every
+    /// later one fails too until [`clear_flush_failure`](Self::clear_flush_failure)
+    /// (a controller reset): Linux reports a writeback error to fdatasync
+    /// once, marks the pages clean and lets the next fdatasync succeed,
+    /// so a retried Flush would report success over data that never
+    /// reached the disk.
+    pub fn flush(&self) -> Result<(), FlushError> {
+        if self.flush_failed.load(Ordering::Acquire) {
+            return Err(FlushError::Sticky);
+        }
+        self.backend.flush().map_err(|e| {
+            self.flush_failed.store(true, Ordering::Release);
+            FlushError::Failed(e)
+        })
+    }
+
+    /// Whether a flush failed since the last controller reset.
+    pub fn flush_failed(&self) -> bool {
+        self.flush_failed.load(Ordering::Acquire)
+    }
+
+    /// A controller reset: the host knows about the failure by now and
+    /// starts over.
+    pub fn clear_flush_failure(&self) {
+        self.flush_failed.store(false, Ordering::Release);
     }
     pub fn backend(&self) -> &Arc<dyn BlockBackend> {
         &self.backend
@@ -592,9 +634,15 @@ pub enum MediaAccess {
     Write,
 }
 
-/// Maps a backing-store error to the status the spec asks for.
+/// Maps a backing-store error to the status the spec asks for: a full
+/// (or over-quota) store is Capacity Exceeded, a read-only one Namespace
+/// is Write Protected, any other write failure a Write Fault; a read that
+/// hit EIO or ran short is an Unrecovered Read Error, anything else an
+/// Internal Error (the media did not fail, the host-side store did).
 pub fn io_error_status(error: &io::Error, access: MediaAccess) -> Status {
     match (access, error.raw_os_error()) {
+        (MediaAccess::Write, Some(libc::ENOSPC | libc::EDQUOT)) => Status::CAPACITY_EXCEEDED,
+        (MediaAccess::Write, Some(libc::EROFS)) => Status::NAMESPACE_WRITE_PROTECTED,
         (MediaAccess::Write, _) => Status::WRITE_FAULT,
         (MediaAccess::Read, Some(libc::EIO)) | (MediaAccess::Read, None) => {
             Status::UNRECOVERED_READ_ERROR
@@ -668,6 +716,10 @@ mod tests {
         );
         assert!(!path.exists());
         let b = FileBackend::open(&path, Some(1 << 20), Caching::Page).unwrap();
+        // Catches a namespace file created readable by others.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "created 0600");
         b.write_at(4096, b"hello").unwrap();
         b.flush().unwrap();
         drop(b);

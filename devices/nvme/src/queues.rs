@@ -381,6 +381,15 @@ impl QueueTable {
         self.cqs.get(usize::from(qid)).and_then(Option::as_ref)
     }
 
+    /// Whether `admin_cq` is still this table's admin completion queue:
+    /// false once a reset removed it. A queue-creating admin command checks
+    /// it under the table's lock, so no queue is added after the reset that
+    /// stopped its worker (its worker would run unstopped).
+    pub fn admin_is(&self, admin_cq: &CompletionQueue) -> bool {
+        self.cq(0)
+            .is_some_and(|cq| std::ptr::eq(Arc::as_ptr(cq), admin_cq))
+    }
+
     /// Removes every queue and asks their workers to stop.
     pub fn stop_all(&mut self) -> Vec<Arc<SubmissionQueue>> {
         let sqs: Vec<_> = self.sqs.iter_mut().filter_map(Option::take).collect();

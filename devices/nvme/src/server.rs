@@ -5,11 +5,12 @@
 //!
 //! BAR0 holds the registers, doorbells and the MSI-X table and PBA (on their
 //! own pages). BAR2, 64-bit prefetchable, is the CMB: a memfd QEMU maps, so
-//! guest CPU accesses never trap.
+//! guest CPU accesses never trap. BAR4 is the PMR: trapped, every access
+//! goes through to its file, which is never handed to the client.
 
 use std::sync::Arc;
 
-use p2plab_dma::{DmaFault, RegionMemory, SharedRegion};
+use p2plab_dma::{BusMasterGate, DmaFault, GuestMemory, RegionMemory, SharedRegion};
 use p2plab_pci::{
     BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
     MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
@@ -62,8 +63,9 @@ impl Interrupts for PciInterrupts {
 /// The NVMe controller as a [`PciModel`].
 pub struct NvmeFunction {
     controller: Arc<NvmeController>,
+    /// Guest memory behind COMMAND.BME: closed until the guest sets it.
+    bus_master: Arc<BusMasterGate>,
     cmb: Option<Arc<SharedMemory>>,
-    pmr: Option<Arc<FileRegion>>,
 }
 
 impl NvmeFunction {
@@ -114,6 +116,8 @@ impl PciModel for NvmeFunction {
     }
 
     fn reset(&mut self) {
+        // COMMAND is 0 again: no bus mastering until the guest says so.
+        self.bus_master.set_enabled(false);
         self.controller.reset();
     }
 
@@ -125,6 +129,7 @@ impl PciModel for NvmeFunction {
                 ..
             } => self.controller.set_cmb_bar_address(*new),
             ConfigChange::CommandChanged { new, .. } => {
+                self.bus_master.set_enabled(new.bus_master());
                 debug!(
                     memory = new.memory_enabled(),
                     bus_master = new.bus_master(),
@@ -142,11 +147,11 @@ impl PciModel for NvmeFunction {
                 fd_offset: 0,
                 areas: Vec::new(),
             }),
-            PMR_BAR => self.pmr.as_ref().map(|file| BarBacking {
-                fd: file.fd(),
-                fd_offset: 0,
-                areas: Vec::new(),
-            }),
+            // The PMR is never handed out: an fd of its file would let the
+            // client truncate or rewrite it behind the device's back (and
+            // the server could no longer restart). Guest accesses to BAR4
+            // trap and write through to the file.
+            PMR_BAR => None,
             _ => None,
         }
     }
@@ -202,7 +207,19 @@ pub fn nvme_function(
     pmr: Option<Arc<FileRegion>>,
     dma: DmaSpace,
 ) -> Result<PciFunction<NvmeFunction>, BuildError> {
+    nvme_function_on(cfg, ids, namespaces, pmr, Arc::new(dma))
+}
+
+/// Like [`nvme_function`], over any guest memory (tests use fakes).
+pub fn nvme_function_on(
+    cfg: ControllerConfig,
+    ids: &PciIds,
+    namespaces: Vec<Arc<Namespace>>,
+    pmr: Option<Arc<FileRegion>>,
+    memory: Arc<dyn GuestMemory>,
+) -> Result<PciFunction<NvmeFunction>, BuildError> {
     cfg.validate()?;
+    let bus_master = Arc::new(BusMasterGate::new(memory));
     let config = config_space(&cfg, ids).map_err(BuildError::Pci)?;
     let irq = InterruptController::for_config(&config);
     let shared = match cfg.cmb_bar_size() {
@@ -224,15 +241,15 @@ pub fn nvme_function(
     let controller = NvmeController::with_pmr(
         cfg,
         namespaces,
-        Arc::new(dma),
+        Arc::clone(&bus_master) as Arc<dyn GuestMemory>,
         cmb,
         pmr_memory,
         Arc::new(PciInterrupts(Arc::clone(&irq))),
     )?;
     let model = NvmeFunction {
         controller: Arc::new(controller),
+        bus_master,
         cmb: shared,
-        pmr,
     };
     PciFunction::from_parts(config, irq, model).map_err(|e| BuildError::Pci(e.0))
 }
@@ -240,6 +257,8 @@ pub fn nvme_function(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registers::Csts;
+    use p2plab_dma::testing::FakeGuestMemory;
     use p2plab_vfio_user::Device;
 
     #[test]
@@ -266,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pmr_is_bar4_backed_by_its_file() {
+    fn a_pmr_is_bar4_trapped_through_to_its_file() {
         let path = std::env::temp_dir().join(format!("p2plab-nvme-bar4-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let region = Arc::new(FileRegion::open(&path, Some(1 << 20)).unwrap());
@@ -283,11 +302,142 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.config().bar_size(4), Some(1 << 20));
-        assert!(f.region_info(4).unwrap().fd.is_some());
+        // Catches a PMR handed to the client as a writable fd of its file.
+        assert!(
+            f.region_info(4).unwrap().fd.is_none(),
+            "the PMR file is not handed out"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the PMR file is created 0600");
         f.region_write(4, 0x100, b"pmr!").unwrap();
         let on_disk = std::fs::read(&path).unwrap();
         assert_eq!(&on_disk[0x100..0x104], b"pmr!");
+        // A restarted server finds the contents.
+        drop(f);
+        let region = Arc::new(FileRegion::open(&path, Some(1 << 20)).unwrap());
+        let cfg = ControllerConfig {
+            pmr_size: 1 << 20,
+            ..ControllerConfig::default()
+        };
+        let mut f = nvme_function(
+            cfg,
+            &PciIds::default(),
+            Vec::new(),
+            Some(region),
+            DmaSpace::new(),
+        )
+        .unwrap();
+        let mut back = [0u8; 4];
+        f.region_read(4, 0x100, &mut back).unwrap();
+        assert_eq!(&back, b"pmr!");
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// The config region (VFIO_PCI_CONFIG_REGION_INDEX).
+    const CONFIG: u32 = 7;
+    const RAM: u64 = 0x10_0000;
+    const ASQ: u64 = RAM;
+    const ACQ: u64 = RAM + 0x1000;
+    const IDENTIFY_DATA: u64 = RAM + 0x2000;
+
+    fn bar0_write32(f: &mut PciFunction<NvmeFunction>, offset: u64, value: u32) {
+        f.region_write(0, offset, &value.to_le_bytes()).unwrap();
+    }
+
+    fn csts(f: &mut PciFunction<NvmeFunction>) -> u32 {
+        let mut b = [0u8; 4];
+        f.region_read(0, crate::registers::reg::CSTS, &mut b)
+            .unwrap();
+        u32::from_le_bytes(b)
+    }
+
+    fn wait_csts(f: &mut PciFunction<NvmeFunction>, mask: u32, want: u32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while csts(f) & mask != want {
+            assert!(std::time::Instant::now() < deadline, "CSTS {:#x}", csts(f));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Enables the controller with a 2-entry admin queue pair in RAM and
+    /// submits Identify Controller into IDENTIFY_DATA.
+    fn enable_and_identify(f: &mut PciFunction<NvmeFunction>, ram: &FakeGuestMemory) {
+        use crate::registers::reg;
+        ram.write(ACQ, &[0u8; 32]).unwrap();
+        let cmd = crate::command::CommandBuilder::new(crate::spec::admin::IDENTIFY, 7)
+            .prp1(IDENTIFY_DATA)
+            .cdw(10, 1)
+            .build();
+        ram.write(ASQ, cmd.as_bytes()).unwrap();
+        bar0_write32(f, reg::CC, 0);
+        wait_csts(f, Csts::RDY, 0);
+        bar0_write32(f, reg::AQA, (1 << 16) | 1);
+        bar0_write32(f, reg::ASQ, ASQ as u32);
+        bar0_write32(f, reg::ASQ_HI, 0);
+        bar0_write32(f, reg::ACQ, ACQ as u32);
+        bar0_write32(f, reg::ACQ_HI, 0);
+        bar0_write32(f, reg::CC, (6 << 16) | (4 << 20) | 1);
+        wait_csts(f, Csts::RDY, Csts::RDY);
+        // SQ 0 tail doorbell.
+        bar0_write32(f, 0x1000, 1);
+    }
+
+    fn admin_completion(ram: &FakeGuestMemory) -> crate::command::CompletionEntry {
+        let mut e = [0u8; 16];
+        ram.read(ACQ, &mut e).unwrap();
+        crate::command::CompletionEntry::decode(&e)
+    }
+
+    /// Catches a controller that DMAs while the guest has Bus Master
+    /// Enable clear (before probe, after the driver released the device,
+    /// after a reset): nothing may be fetched from or written to guest
+    /// memory; like QEMU's nvme, an SQ fetch that cannot be done is a
+    /// controller fatal status. Setting BME and resetting the controller
+    /// makes it work.
+    #[test]
+    fn no_dma_without_bus_master_enable() {
+        let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, 0x10_0000));
+        let cfg = ControllerConfig {
+            cmb_size: 0,
+            ..ControllerConfig::default()
+        };
+        let mut f = nvme_function_on(
+            cfg,
+            &PciIds::default(),
+            Vec::new(),
+            None,
+            ram.clone() as Arc<dyn GuestMemory>,
+        )
+        .unwrap();
+        // Memory decode on, bus mastering off.
+        f.region_write(CONFIG, 4, &0x0002u16.to_le_bytes()).unwrap();
+        enable_and_identify(&mut f, &ram);
+        wait_csts(&mut f, Csts::CFS, Csts::CFS);
+        assert!(!admin_completion(&ram).phase, "a completion was posted");
+        let mut data = [0u8; 8];
+        ram.read(IDENTIFY_DATA, &mut data).unwrap();
+        assert_eq!(data, [0; 8], "Identify data was written");
+        // The driver sets BME and resets the controller.
+        f.region_write(CONFIG, 4, &0x0006u16.to_le_bytes()).unwrap();
+        enable_and_identify(&mut f, &ram);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !admin_completion(&ram).phase {
+            assert!(std::time::Instant::now() < deadline, "no completion");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let c = admin_completion(&ram);
+        assert_eq!((c.cid, c.status), (7, crate::spec::Status::SUCCESS));
+        assert_eq!(csts(&mut f) & Csts::CFS, 0);
+        ram.read(IDENTIFY_DATA, &mut data).unwrap();
+        assert_eq!(
+            u16::from_le_bytes([data[0], data[1]]),
+            ControllerConfig::default().pci_vendor_id,
+            "Identify Controller VID"
+        );
+        // A device reset clears COMMAND, so BME is off again.
+        f.reset().unwrap();
+        assert!(!f.model().bus_master.is_enabled());
     }
 
     #[test]

@@ -157,6 +157,8 @@ impl Status {
     pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80).with_dnr();
     pub const CAPACITY_EXCEEDED: Status = Status::generic(0x81).with_dnr();
     pub const FORMAT_IN_PROGRESS: Status = Status::generic(0x84);
+    /// Namespace is Write Protected (20h; the backing store is read-only).
+    pub const NAMESPACE_WRITE_PROTECTED: Status = Status::generic(0x20).with_dnr();
 
     // Command specific status (SCT 1).
     pub const INVALID_COMPLETION_QUEUE: Status = Status::command(0x00).with_dnr();

@@ -9,9 +9,11 @@
 
 use std::collections::BTreeSet;
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
 use std::time::Instant;
 
 use p2plab_fault::{CommandInfo, Decision, FaultSpec, Injector};
@@ -152,7 +154,14 @@ pub(crate) struct ControllerState {
     /// Commands held by an injected `timeout`.
     pub held: Mutex<Vec<HeldCommand>>,
     queue_worker: QueueWorker,
+    /// Workers of queues a reset removed, until someone joins them
+    /// ([`join_stopped_workers`](Self::join_stopped_workers)).
+    stopped_workers: Mutex<Vec<JoinHandle<()>>>,
 }
+
+/// How long a function reset waits for a worker that is not in the
+/// stopped list (one spawned while the reset ran) to exit.
+const STRAY_WORKER_WAIT: Duration = Duration::from_secs(5);
 
 impl ControllerState {
     /// Power-on state: no queues, registers at their reset values.
@@ -187,6 +196,7 @@ impl ControllerState {
             held: Mutex::new(Vec::new()),
             cfg,
             queue_worker,
+            stopped_workers: Mutex::new(Vec::new()),
         }
     }
 
@@ -365,7 +375,27 @@ impl ControllerState {
         let body = self.queue_worker;
         let spawned = thread::Builder::new()
             .name(format!("nvme-sq{}", sq.id))
-            .spawn(move || body(state, queue, cq));
+            .spawn(move || {
+                let sqid = queue.id;
+                let shared = Arc::clone(&state);
+                // The worker boundary: a bug in a handler (or anything it
+                // calls) must not wedge the device. Like a controller
+                // firmware fault, it sets CSTS.CFS and the device waits for
+                // the host to reset it (CC.EN 1->0), which Linux does when
+                // it sees CFS. Locks a panicking worker held are poisoned;
+                // `crate::lock` takes them anyway, and the reset
+                // reinitialises what they guard.
+                let ran = panic::catch_unwind(AssertUnwindSafe(move || body(state, queue, cq)));
+                if let Err(panic) = ran {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    shared.set_fatal(&format!("internal error in the SQ {sqid} worker: {what}"));
+                    shared.stats.internal_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            });
         match spawned {
             Ok(handle) => {
                 *crate::lock(&sq.worker) = Some(handle);
@@ -393,11 +423,26 @@ impl ControllerState {
             }
         }
         regs.shst = Shst::Normal;
-        // The worker threads are detached: joining here could wait for a
-        // DMA that needs this very thread to answer.
+        // Not joined here: on CC.EN 1->0 this is the socket thread, and a
+        // worker may be waiting for a DMA reply only this thread can read.
+        // CSTS.RDY stays 1 until they have exited; a function reset joins
+        // them (`join_stopped_workers`) once the transport fenced DMA.
+        {
+            let mut parked = crate::lock(&self.stopped_workers);
+            parked.retain(|handle| !handle.is_finished());
+            parked.extend(
+                stopped
+                    .iter()
+                    .filter_map(|sq| crate::lock(&sq.worker).take()),
+            );
+        }
         drop(stopped);
         // Held commands die with their queues, without completions.
         crate::lock(&self.held).clear();
+        // A failed flush is reported until the controller is reset.
+        for ns in &self.namespaces {
+            ns.clear_flush_failure();
+        }
         // The error log and its count survive resets (SMART reports the
         // lifetime count); everything else starts over.
         let mut admin = crate::lock(&self.admin);
@@ -412,6 +457,31 @@ impl ControllerState {
         admin.changed_namespaces.clear();
         drop(admin);
         self.fatal.store(false, Ordering::Release);
+    }
+
+    /// Waits for every worker a reset stopped: when this returns, none of
+    /// them does DMA any more. Never call it on the thread that must answer
+    /// the workers' DMA (the socket thread outside a transport reset),
+    /// and never with `regs` held.
+    pub fn join_stopped_workers(&self) {
+        let handles = std::mem::take(&mut *crate::lock(&self.stopped_workers));
+        let me = thread::current().id();
+        for handle in handles {
+            if handle.thread().id() != me {
+                // A worker's panic was already turned into CSTS.CFS.
+                let _ = handle.join();
+            }
+        }
+        // A worker spawned while the reset ran (its handle was stored after
+        // the reset took the others) sees its stop flag and exits at once.
+        let deadline = std::time::Instant::now() + STRAY_WORKER_WAIT;
+        while self.live_workers.load(Ordering::Acquire) > 0 {
+            if std::time::Instant::now() >= deadline {
+                warn!("a queue worker did not stop after a reset");
+                break;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Signals the completion queue's vector, if its interrupts are on.

@@ -102,6 +102,12 @@ counters! {
     commands_aborted,
     /// Reads failed by an injected media error.
     injected_media_errors,
+    /// Internal errors (a panic at the queue-worker boundary) that set
+    /// CSTS.CFS.
+    internal_errors,
+    /// Flushes refused because an earlier flush of the namespace failed
+    /// (sticky until a controller reset).
+    sticky_flush_failures,
 }
 
 /// The CMB as the tester wants to see it.

@@ -1,6 +1,7 @@
 //! Logging from `--log-level`, `--log-file` and `RUST_LOG`.
 
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
@@ -19,9 +20,12 @@ pub fn init_logging(args: &ServerArgs) -> Result<()> {
         .with_thread_names(true);
     match &args.log_file {
         Some(path) => {
+            // Created 0600: the log holds guest and client activity. An
+            // existing path is followed on purpose (`/dev/stderr`).
             let file = File::options()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(path)
                 .with_context(|| format!("--log-file {}", path.display()))?;
             builder

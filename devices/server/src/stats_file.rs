@@ -15,13 +15,25 @@ use tracing::{info, warn};
 use crate::counters::CountersJson;
 
 /// Writes `json` plus a newline to `path` atomically: into `<path>.tmp`,
-/// then renamed over `path`.
+/// then renamed over `path`. The temporary file is created anew, mode
+/// 0600, never through a symlink: one planted at `<path>.tmp` is removed,
+/// not followed, so it cannot redirect the write to another file.
 pub fn write_stats_file(path: &Path, json: &str) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(".tmp");
     let tmp = PathBuf::from(tmp_name);
     {
-        let mut file = File::create(&tmp)?;
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut file = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
         file.write_all(json.as_bytes())?;
         file.write_all(b"\n")?;
     }
@@ -120,6 +132,25 @@ mod tests {
             counters,
             None,
         )
+    }
+
+    /// Catches a stats writer that follows a symlink planted at its
+    /// temporary path (clobbering the link's target) or leaves the file
+    /// readable by others.
+    #[test]
+    fn the_stats_file_is_0600_and_a_planted_symlink_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch_dir("symlink");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let path = dir.join("stats.json");
+        std::os::unix::fs::symlink(&victim, dir.join("stats.json.tmp")).unwrap();
+        write_stats_file(&path, "{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// `dir/stats.json` holds `expected` and no temporary file is left.

@@ -189,7 +189,7 @@ impl Engine {
         let mut raw = [0u8; Command::SIZE];
         match (taken.ring, taken.bus_master) {
             (RingMemory::Vram, _) => self.device.vram.read(taken.addr, &mut raw).map_err(|e| {
-                tracing::warn!(addr = taken.addr, error = %e, "ring fetch from VRAM failed");
+                p2plab_vfio_user::log_limited!(warn, addr = taken.addr, error = %e, "ring fetch from VRAM failed");
                 StatusCode::RingFetch
             })?,
             (RingMemory::Guest, BusMaster::Disabled) => return Err(StatusCode::NoBusMaster),
@@ -198,7 +198,7 @@ impl Engine {
                 .memory
                 .read(taken.addr, &mut raw)
                 .map_err(|fault| {
-                    tracing::warn!(error = %fault, "ring fetch from guest memory failed");
+                    p2plab_vfio_user::log_limited!(warn, error = %fault, "ring fetch from guest memory failed");
                     fetch_fault_status(&fault)
                 })?,
         }
@@ -256,7 +256,7 @@ impl Engine {
         match self.device.memory.write(cmd.completion_addr, &record) {
             Ok(()) => RecordWrite::Written,
             Err(fault) => {
-                tracing::warn!(error = %fault, "completion record write failed");
+                p2plab_vfio_user::log_limited!(warn, error = %fault, "completion record write failed");
                 RecordWrite::Failed
             }
         }
@@ -293,7 +293,8 @@ impl Engine {
             Stats::add(&stats.jobs_failed, 1);
             regs.engine_error = status;
             causes |= IntCauses::ERROR;
-            tracing::warn!(
+            p2plab_vfio_user::log_limited!(
+                warn,
                 op,
                 opcode = cmd.opcode,
                 fence = cmd.fence,

@@ -187,8 +187,8 @@ pub(super) fn set_features(cx: &mut CommandContext<'_>, f: SetFeatures) -> Comma
         SetEffect::None => {}
         SetEffect::FlushCaches => {
             for ns in &state.namespaces {
-                if let Err(e) = ns.backend().flush() {
-                    warn!(nsid = ns.nsid(), %e, "flush on write cache disable failed");
+                if let Err(e) = ns.flush() {
+                    warn!(nsid = ns.nsid(), ?e, "flush on write cache disable failed");
                     return Err(Status::INTERNAL_ERROR);
                 }
             }

@@ -82,6 +82,10 @@ pub(super) fn create_io_cq(cx: &mut CommandContext<'_>, f: CreateIoCq) -> Comman
         *lock(&cq.shadow) = Some(Shadow::for_queue(buffers, qid, QueueKind::Completion));
     }
     let mut table = lock(&state.queues);
+    if !table.admin_is(cx.cq) {
+        // A reset overtook this command; it completes nowhere.
+        return Err(Status::ABORTED_SQ_DELETION);
+    }
     if table.cq(qid).is_some() {
         return Err(Status::INVALID_QUEUE_IDENTIFIER);
     }
@@ -138,6 +142,9 @@ pub(super) fn create_io_sq(cx: &mut CommandContext<'_>, f: CreateIoSq) -> Comman
     }
     {
         let mut table = lock(&state.queues);
+        if !table.admin_is(cx.cq) {
+            return Err(Status::ABORTED_SQ_DELETION);
+        }
         if table.sq(qid).is_some() || table.cq(cqid).is_none() {
             return Err(Status::INVALID_QUEUE_IDENTIFIER);
         }

@@ -72,7 +72,8 @@ impl NvmeController {
             .register_writes
             .fetch_add(1, Ordering::Relaxed);
         if !offset.is_multiple_of(4) || (data.len() != 4 && data.len() != 8) {
-            warn!(
+            p2plab_vfio_user::log_limited!(
+                warn,
                 offset = format_args!("{offset:#x}"),
                 len = data.len(),
                 "ignoring a register write that is not an aligned dword or qword"
@@ -231,12 +232,16 @@ fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
     if regs.cmbmsc.cre() && regs.cmbmsc.cmse() {
         let cba = regs.cmbmsc.cba();
         if cba.checked_add(state.cfg.cmb_size).is_none() {
-            warn!(cba = format_args!("{cba:#x}"), "CMB base address invalid");
+            p2plab_vfio_user::log_limited!(
+                warn,
+                cba = format_args!("{cba:#x}"),
+                "CMB base address invalid"
+            );
             regs.cmbsts.0 |= CmbSts::CBAI;
         } else {
             regs.cba = Some(cba);
             if regs.cmb_bar.is_some_and(|bar| bar != cba) {
-                warn!(
+                p2plab_vfio_user::log_limited!(warn,
                     cba = format_args!("{cba:#x}"),
                     bar = ?regs.cmb_bar,
                     "CMBMSC.CBA is not where the CMB BAR is"
@@ -260,7 +265,11 @@ fn latch_pmr(state: &ControllerState, regs: &mut Regs) {
     if regs.pmrmsc.cmse() {
         let cba = regs.pmrmsc.cba();
         if cba.checked_add(state.cfg.pmr_size).is_none() {
-            warn!(cba = format_args!("{cba:#x}"), "PMR base address invalid");
+            p2plab_vfio_user::log_limited!(
+                warn,
+                cba = format_args!("{cba:#x}"),
+                "PMR base address invalid"
+            );
             regs.pmrsts.0 |= PmrSts::CBAI;
         } else {
             regs.pmr_cba = Some(cba);
@@ -367,8 +376,8 @@ fn start_shutdown(state: &Arc<ControllerState>, regs: &mut Regs) {
         .name("nvme-shutdown".into())
         .spawn(move || {
             for ns in &state.namespaces {
-                if let Err(e) = ns.backend().flush() {
-                    warn!(nsid = ns.nsid(), %e, "flush at shutdown failed");
+                if let Err(e) = ns.flush() {
+                    warn!(nsid = ns.nsid(), ?e, "flush at shutdown failed");
                 }
             }
             let mut regs = crate::lock(&state.regs);

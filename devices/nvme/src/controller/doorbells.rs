@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use tracing::{trace, warn};
+use tracing::trace;
 
 use super::NvmeController;
 use crate::logs::{AsyncEvent, ErrorEntry};
@@ -93,7 +93,8 @@ impl NvmeController {
             .stats
             .invalid_doorbell_writes
             .fetch_add(1, Ordering::Relaxed);
-        warn!(
+        p2plab_vfio_user::log_limited!(
+            warn,
             qid,
             kind = match kind {
                 QueueKind::Completion => "CQ head",

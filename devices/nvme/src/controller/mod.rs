@@ -52,9 +52,11 @@ pub struct NvmeController {
 
 impl Drop for NvmeController {
     fn drop(&mut self) {
-        // Workers hold the shared state; ask them to go away.
+        // Workers hold the shared state; ask them to go away and wait.
         let mut regs = crate::lock(&self.state.regs);
         self.state.stop_queues(&mut regs);
+        drop(regs);
+        self.state.join_stopped_workers();
     }
 }
 
@@ -187,15 +189,23 @@ impl NvmeController {
     /// Function-level reset (FLR, DEVICE_RESET, client disconnect): like
     /// clearing CC.EN, and the CMB controls go back to their reset values.
     /// The CMB BAR is unprogrammed until config space says otherwise.
+    ///
+    /// Returns once every queue worker has exited, so no DMA of this
+    /// controller runs afterwards (the transport's quiesce contract). The
+    /// transport fences DMA while it calls this, so a worker waiting for a
+    /// DMA reply fails at once instead of waiting for this thread.
     pub fn reset(&self) {
         let state = &self.state;
-        let mut regs = crate::lock(&state.regs);
-        info!("controller function reset");
-        state.stop_queues(&mut regs);
-        // Config space is back to power-on state too: BARs unprogrammed.
-        *regs = Regs::default();
-        state.mem.set_window(None);
-        state.mem.set_pmr_window(None);
+        {
+            let mut regs = crate::lock(&state.regs);
+            info!("controller function reset");
+            state.stop_queues(&mut regs);
+            // Config space is back to power-on state too: BARs unprogrammed.
+            *regs = Regs::default();
+            state.mem.set_window(None);
+            state.mem.set_pmr_window(None);
+        }
+        state.join_stopped_workers();
         state.fatal.store(false, Ordering::Release);
         state.power_cycles.fetch_add(1, Ordering::Relaxed);
     }
@@ -215,8 +225,8 @@ impl NvmeController {
     pub fn flush_all(&self) {
         self.state.persist_pmr();
         for ns in &self.state.namespaces {
-            if let Err(e) = ns.backend().flush() {
-                warn!(nsid = ns.nsid(), %e, "flush failed");
+            if let Err(e) = ns.flush() {
+                warn!(nsid = ns.nsid(), ?e, "flush failed");
             }
         }
     }

@@ -83,6 +83,25 @@ impl Host {
         namespaces: Vec<Arc<Namespace>>,
         pmr: Option<Arc<dyn RegionMemory>>,
     ) -> Self {
+        Self::build(config, namespaces, pmr, |guest| guest)
+    }
+
+    /// The controller reaches guest RAM through what `wrap` makes of it
+    /// (fault or delay injection); the test still pokes RAM directly.
+    pub fn wrapped(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        wrap: impl FnOnce(Arc<dyn GuestMemory>) -> Arc<dyn GuestMemory>,
+    ) -> Self {
+        Self::build(config, namespaces, None, wrap)
+    }
+
+    fn build(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        pmr: Option<Arc<dyn RegionMemory>>,
+        wrap: impl FnOnce(Arc<dyn GuestMemory>) -> Arc<dyn GuestMemory>,
+    ) -> Self {
         let guest = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE));
         let cmb = Arc::new(HeapRegion::new(CMB_SIZE as usize));
         let irq = RecordingInterrupts::new();
@@ -92,9 +111,9 @@ impl Host {
             None
         };
         let max = usize::from(config.max_io_queues) + 1;
-        let ctrl =
-            NvmeController::with_pmr(config, namespaces, guest.clone(), cmb_dyn, pmr, irq.clone())
-                .expect("controller");
+        let memory = wrap(guest.clone());
+        let ctrl = NvmeController::with_pmr(config, namespaces, memory, cmb_dyn, pmr, irq.clone())
+            .expect("controller");
         ctrl.set_cmb_bar_address(Some(CMB_BAR));
         let mut queues = Vec::new();
         queues.resize_with(max, || None);

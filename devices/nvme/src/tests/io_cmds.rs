@@ -460,9 +460,10 @@ fn backing_store_errors_map_to_media_statuses() {
         c(&mut h, rw(op::READ, 0, 1).prp1(DATA).build()),
         Status::UNRECOVERED_READ_ERROR
     );
+    // ENOSPC: the store is full.
     assert_eq!(
         c(&mut h, rw(op::WRITE, 0, 1).prp1(DATA).build()),
-        Status::WRITE_FAULT
+        Status::CAPACITY_EXCEEDED
     );
     assert_eq!(
         c(&mut h, CommandBuilder::new(op::FLUSH, 0).nsid(1).build()),

@@ -9,3 +9,4 @@ mod harness;
 mod io_cmds;
 mod pmr;
 mod registers;
+mod robustness;

@@ -1,0 +1,198 @@
+//! The GPU model's command ring and engine as a hostile guest drives them:
+//! register writes (ring base, size, control, tail, doorbell, interrupt
+//! bits) with any value, ring entries with any fields (operands optionally
+//! steered into guest RAM or VRAM so they reach the copy, fill and
+//! checksum paths), guest RAM and VRAM scribbled, Bus Master Enable
+//! toggled, resets, in any order. The engine runs on its own thread.
+//!
+//! Catches a panic or overflow anywhere in the model or the engine
+//! (libFuzzer aborts on a panic in any thread; overflow checks are on), an
+//! engine that never goes idle (libFuzzer's -timeout), a job that counts
+//! as both completed and failed or neither, and a fence that goes
+//! backwards between resets.
+#![no_main]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libfuzzer_sys::fuzz_target;
+use p2plab_dma::testing::FakeGuestMemory;
+use p2plab_dma::GuestMemory;
+use p2plab_gpu::command::{Command, COMMAND_SIZE};
+use p2plab_gpu::regs::{Reg, RingCtrl, Status, Width, MIN_VRAM_SIZE};
+use p2plab_gpu::testing::CountingInterrupts;
+use p2plab_gpu::{BusMaster, Gpu, Vram};
+
+const RAM: u64 = 0x1_0000_0000;
+const RAM_SIZE: u64 = 256 << 10;
+const RING: u64 = RAM;
+const ENTRIES: u32 = 16;
+/// Steered operands stay in the first part of VRAM and lengths small, so
+/// an input costs little memory.
+const VRAM_WINDOW: u64 = 1 << 20;
+const MAX_STEERED_LEN: u64 = 64 << 10;
+/// How long a ring kick may keep the engine busy before the target moves
+/// on (a disabled ring or cleared BME leaves work pending).
+const WAIT: Duration = Duration::from_millis(5);
+
+struct Guest {
+    gpu: Gpu,
+    ram: Arc<FakeGuestMemory>,
+    tail: u32,
+}
+
+impl Guest {
+    fn write(&self, reg: Reg, value: u64) {
+        match reg.width() {
+            Width::Bits32 => self
+                .gpu
+                .regs_write(reg.offset(), &(value as u32).to_le_bytes()),
+            Width::Bits64 => self.gpu.regs_write(reg.offset(), &value.to_le_bytes()),
+        }
+    }
+
+    fn read32(&self, reg: Reg) -> u32 {
+        let mut b = [0u8; 4];
+        self.gpu.regs_read(reg.offset(), &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn enable_ring(&mut self) {
+        self.write(Reg::RingBase, RING);
+        self.write(Reg::RingSize, u64::from(ENTRIES));
+        self.write(Reg::RingCtrl, u64::from(RingCtrl::ENABLE.raw()));
+        self.write(Reg::IntMask, 0);
+        self.tail = 0;
+    }
+
+    fn wait_idle(&self) {
+        let deadline = Instant::now() + WAIT;
+        while Status::from_raw(self.read32(Reg::Status)).contains(Status::BUSY)
+            && Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Invariants that hold whenever the engine is idle.
+    fn check(&self, jobs_before: u32) {
+        let done = self.read32(Reg::JobsCompleted);
+        let failed = self.read32(Reg::JobsFailed);
+        assert!(
+            done.wrapping_add(failed) >= jobs_before,
+            "job counters went backwards"
+        );
+    }
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    for (i, v) in bytes.iter().skip(at).take(8).enumerate() {
+        b[i] = *v;
+    }
+    u64::from_le_bytes(b)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(vram) = Vram::new(MIN_VRAM_SIZE) else {
+        return;
+    };
+    let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE as usize));
+    let irq = Arc::new(CountingInterrupts::default());
+    let Ok(gpu) = Gpu::new(vram, ram.clone() as Arc<dyn GuestMemory>, irq) else {
+        return;
+    };
+    gpu.set_bus_master(BusMaster::Enabled);
+    let mut guest = Guest { gpu, ram, tail: 0 };
+    guest.enable_ring();
+    let mut rest = data;
+    while let Some((&op, tail)) = rest.split_first() {
+        rest = tail;
+        let jobs_before = guest
+            .read32(Reg::JobsCompleted)
+            .wrapping_add(guest.read32(Reg::JobsFailed));
+        match op & 0x7 {
+            // A ring entry at the tail, then the doorbell.
+            0 => {
+                let Some(bytes) = rest.get(..64) else { break };
+                rest = &rest[64..];
+                let mut raw = [0u8; 64];
+                raw.copy_from_slice(bytes);
+                let mut cmd = Command::decode(&raw);
+                if op & 0x80 != 0 {
+                    let steer = |v: u64, to_vram: bool| {
+                        if to_vram {
+                            v % VRAM_WINDOW
+                        } else {
+                            RAM + v % RAM_SIZE
+                        }
+                    };
+                    cmd.src = steer(cmd.src, op & 0x40 != 0);
+                    cmd.dst = steer(cmd.dst, op & 0x20 != 0);
+                    cmd.len %= MAX_STEERED_LEN;
+                    cmd.completion_addr = RAM + (cmd.completion_addr % RAM_SIZE & !15);
+                }
+                let at = RING + u64::from(guest.tail % ENTRIES) * COMMAND_SIZE;
+                let _ = guest.ram.write(at, &cmd.encode());
+                guest.tail = (guest.tail + 1) % ENTRIES;
+                guest.write(Reg::Doorbell, u64::from(guest.tail));
+                guest.wait_idle();
+            }
+            // A write of a named register with any value.
+            1 => {
+                let Some(bytes) = rest.get(..9) else { break };
+                rest = &rest[9..];
+                let reg = Reg::ALL[usize::from(bytes[0]) % Reg::ALL.len()];
+                guest.write(reg, u64_at(bytes, 1));
+                guest.wait_idle();
+            }
+            // Any BAR0 access: offset, size.
+            2 => {
+                let Some(bytes) = rest.get(..11) else { break };
+                rest = &rest[11..];
+                let offset = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) % 0x1000;
+                let len = [1usize, 2, 4, 8][usize::from(bytes[2] & 3)];
+                if bytes[2] & 4 == 0 {
+                    guest.gpu.regs_write(offset, &bytes[3..3 + len]);
+                } else {
+                    let mut buf = [0u8; 8];
+                    guest.gpu.regs_read(offset, &mut buf[..len]);
+                }
+            }
+            // Scribble guest RAM (the ring itself included).
+            3 => {
+                let Some(bytes) = rest.get(..18) else { break };
+                rest = &rest[18..];
+                let at = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) * 4 % (RAM_SIZE - 16);
+                let _ = guest.ram.write(RAM + at, &bytes[2..]);
+            }
+            // Scribble VRAM (a ring placed there with RING_CTRL.IN_VRAM).
+            4 => {
+                let Some(bytes) = rest.get(..18) else { break };
+                rest = &rest[18..];
+                let at = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) * 16;
+                let _ = guest.gpu.vram().write(at, &bytes[2..]);
+            }
+            // The guest toggles Bus Master Enable.
+            5 => {
+                let bme = if op & 0x80 != 0 {
+                    BusMaster::Enabled
+                } else {
+                    BusMaster::Disabled
+                };
+                guest.gpu.set_bus_master(bme);
+                guest.wait_idle();
+            }
+            // A device reset, then the driver's setup again.
+            6 => {
+                guest.gpu.reset();
+                guest.enable_ring();
+                continue;
+            }
+            _ => {
+                guest.enable_ring();
+            }
+        }
+        guest.check(jobs_before);
+    }
+});
