@@ -20,6 +20,8 @@ pub struct Decision {
     pub latency: Duration,
     /// Raise CSTS.CFS instead of running.
     pub fatal: bool,
+    /// Fail the handler as a device bug would (the worker panics).
+    pub internal_error: bool,
     /// Complete but send no interrupt.
     pub drop_interrupt: bool,
     /// Complete, and send the interrupt this much later.
@@ -304,6 +306,7 @@ impl Injector {
                 }
                 Action::DelayInterrupt(t) => d.interrupt_delay = d.interrupt_delay.max(t),
                 Action::ControllerFatal => d.fatal = true,
+                Action::InternalError => d.internal_error = true,
                 Action::DropInterrupt => d.drop_interrupt = true,
                 Action::Corrupt => {
                     let whole = cmd.lba.map(|(slba, blocks)| LbaRange {

@@ -3,7 +3,8 @@
 //! ```text
 //! SPEC   := ACTION { (',' | ':') ITEM }
 //! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout
-//!         | latency=DURATION[-DURATION] | cfs | drop-irq | delay-irq=DURATION | corrupt
+//!         | latency=DURATION[-DURATION] | cfs | internal-error | drop-irq
+//!         | delay-irq=DURATION | corrupt
 //! ITEM   := dnr | more | no-abort | count=N | prob=P | after=N | opcode=NAME|0xNN
 //!         | admin-opcode=NAME|0xNN | queue=N | nsid=N | lba=A[-B]
 //! ```
@@ -42,6 +43,10 @@ pub enum Action {
     DelayInterrupt(Duration),
     /// The controller raises CSTS.CFS instead of running the command.
     ControllerFatal,
+    /// The command's handler fails as if the device had a bug (the queue
+    /// worker panics): the worker boundary must catch it and raise
+    /// CSTS.CFS, exactly as for a real internal error.
+    InternalError,
     /// The command completes, but its MSI-X message is not sent.
     DropInterrupt,
     /// A read returns its data with one bit flipped in every block of the
@@ -350,6 +355,10 @@ impl FromStr for FaultSpec {
                 no_value()?;
                 Action::ControllerFatal
             }
+            "internal-error" => {
+                no_value()?;
+                Action::InternalError
+            }
             "drop-irq" => {
                 no_value()?;
                 Action::DropInterrupt
@@ -364,7 +373,7 @@ impl FromStr for FaultSpec {
                     head,
                     format!(
                         "{other:?} is not a fault (status=, ns-not-ready, media-error, timeout, \
-                         latency=, cfs, drop-irq, delay-irq=, corrupt)"
+                         latency=, cfs, internal-error, drop-irq, delay-irq=, corrupt)"
                     ),
                 ))
             }
@@ -501,7 +510,7 @@ impl FaultSpec {
             Action::Corrupt if f.admin() || f.opcode.is_some_and(|o| o.value != 0x02) => {
                 return Err("corrupt applies to Read data only".into());
             }
-            Action::ControllerFatal => {
+            Action::ControllerFatal | Action::InternalError => {
                 // Once, unless asked: after the reset that CFS causes, the
                 // controller must be able to come back.
                 self.count.get_or_insert(1);
@@ -583,6 +592,7 @@ impl fmt::Display for FaultSpec {
             )?,
             Action::DelayInterrupt(d) => write!(f, "delay-irq={}", format_duration(d))?,
             Action::ControllerFatal => f.write_str("cfs")?,
+            Action::InternalError => f.write_str("internal-error")?,
             Action::DropInterrupt => f.write_str("drop-irq")?,
             Action::Corrupt => f.write_str("corrupt")?,
         }
@@ -688,6 +698,10 @@ mod tests {
         let cfs = parse("cfs");
         assert_eq!(cfs.action, Action::ControllerFatal);
         assert_eq!(cfs.count, Some(1), "cfs fires once unless asked");
+        let bug = parse("internal-error,opcode=read");
+        assert_eq!(bug.action, Action::InternalError);
+        assert_eq!(bug.count, Some(1), "internal-error fires once unless asked");
+        assert_eq!(bug.to_string(), parse(&bug.to_string()).to_string());
         assert_eq!(parse("drop-irq:count=1").action, Action::DropInterrupt);
         assert_eq!(parse("corrupt:lba=8-15").action, Action::Corrupt);
         assert_eq!(

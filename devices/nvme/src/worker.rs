@@ -267,6 +267,15 @@ fn apply_fault(
         "injected fault fires"
     );
     sleep_unless_stopped(sq, fault.latency);
+    if fault.internal_error {
+        // On purpose: the same unwind a handler bug takes, so the worker
+        // boundary (catch_unwind in `ControllerState`) is what recovers.
+        panic!(
+            "injected internal error on SQ {} command {}",
+            sq.id,
+            cmd.cid()
+        );
+    }
     if fault.fatal {
         state.set_fatal(&format!(
             "injected cfs on SQ {} command {}",

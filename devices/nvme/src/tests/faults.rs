@@ -218,6 +218,28 @@ fn cfs_is_raised_and_cleared_by_a_reset() {
     assert_eq!(h.io(1, rw(op::WRITE, 0, 1).build()).status, Status::SUCCESS);
 }
 
+/// Catches an internal error (a handler that panics) that wedges the
+/// queue instead of raising CSTS.CFS, is not counted, or leaves the
+/// controller dead after the host's reset.
+#[test]
+fn an_injected_internal_error_raises_cfs_and_a_reset_recovers() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("internal-error,opcode=write"));
+    assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
+    h.submit(1, rw(op::WRITE, 0, 1).build());
+    h.wait_csts(2, 2);
+    assert!(
+        h.try_reap(1, Duration::from_millis(100)).is_none(),
+        "no completion from a failed handler"
+    );
+    assert_eq!(h.ctrl.stats().counters.internal_errors, 1);
+    h.enable();
+    assert_eq!(h.read32(reg::CSTS) & 2, 0, "CFS cleared by the reset");
+    h.create_pair(1);
+    assert_eq!(h.io(1, rw(op::WRITE, 0, 1).build()).status, Status::SUCCESS);
+    assert_eq!(h.ctrl.stats().counters.internal_errors, 1, "fired once");
+}
+
 /// Catches a dropped interrupt that is still sent, or a completion that is
 /// lost along with it.
 #[test]
