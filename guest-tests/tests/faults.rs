@@ -23,6 +23,10 @@
 //!    controller, and I/O resumes (fio verify). Catches: CFS that never
 //!    shows in CSTS, or that survives the reset (the controller would stay
 //!    dead).
+//!    `internal-error` on another read: the queue worker panics as a
+//!    device bug would, the worker boundary raises CSTS.CFS, and Linux
+//!    recovers the same way. Catches: a handler panic that wedges the
+//!    queue or kills the server instead of failing the controller.
 //! 4. `drop-irq` on one read: the completion is posted without its MSI-X
 //!    message; Linux's timeout handler polls the queue and finds it
 //!    ("completion polled"). Catches: a dropped interrupt that also loses
@@ -129,6 +133,15 @@ fio --name=after-cfs --filename=$ns --rw=randrw --bs=4k --iodepth=8 --ioengine=l
   --offset=64M --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 >/run/p2plab/fio-cfs.out 2>&1
 say CFS_FIO_STATUS $?
 signal done-cfs
+
+# --- 3b. an internal error (the queue worker panics) on the read of LBA 6144 (4 KiB block 768)
+signal ready-bug; wait_host armed-bug
+got=$(blk_md5 768)
+say BUG_READ_OK "$([ "$got" = "$(pat_md5 768)" ] && echo 1 || echo 0)"
+say BUG_RESET_LOGGED "$(dmesg | grep -c 'controller is down; will reset')"
+i=0; until [ "$(cat /sys/class/nvme/nvme0/state)" = live ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done
+say BUG_STATE_AFTER "$(cat /sys/class/nvme/nvme0/state)"
+signal done-bug
 
 # --- 4. dropped interrupt on the read of LBA 5000 (4 KiB block 625) ----------------
 signal ready-irq; wait_host armed-irq
@@ -239,6 +252,11 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     let (m0, m1) = phase(&mut lab, "media", &["media-error:lba=3000-3007"]);
     let (c0, c1) = phase(&mut lab, "cfs", &["cfs,opcode=read,lba=4096-4103"]);
+    let (b0, b1) = phase(
+        &mut lab,
+        "bug",
+        &["internal-error,opcode=read,lba=6144-6151"],
+    );
     let (i0, i1) = phase(
         &mut lab,
         "irq",
@@ -436,6 +454,35 @@ fn linux_recovers_from_injected_nvme_faults() {
         guest("fio after the reset")
     );
 
+    // 3b. An internal error (a panicking handler) → CFS → the same reset.
+    assert_eq!(
+        counter(&b1, "internal_errors") - counter(&b0, "internal_errors"),
+        1,
+        "{b0} / {b1}"
+    );
+    assert!(
+        counter(&b1, "resets") > counter(&b0, "resets"),
+        "{b0} / {b1}"
+    );
+    assert_eq!(
+        b1["controller"]["csts"].as_u64().map(|c| c & 2),
+        Some(0),
+        "CFS cleared: {b1}"
+    );
+    assert_eq!(
+        fact("BUG_RESET_LOGGED"),
+        "2",
+        "{}",
+        guest("the second \"controller is down\", after the CFS one")
+    );
+    assert_eq!(
+        fact("BUG_READ_OK"),
+        "1",
+        "{}",
+        guest("the read across the internal error")
+    );
+    assert_eq!(fact("BUG_STATE_AFTER"), "live");
+
     // 4. Dropped interrupt → timeout handler polls the completion.
     assert_eq!(
         counter(&i1, "interrupts_dropped") - counter(&i0, "interrupts_dropped"),
@@ -527,8 +574,8 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     assert_eq!(
         fact("RESET_LINES"),
-        "2",
+        "3",
         "{}",
-        guest("only the failed abort and CFS reset")
+        guest("only the failed abort, CFS and internal-error resets")
     );
 }
