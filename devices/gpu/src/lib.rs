@@ -29,7 +29,8 @@ pub mod testing;
 pub mod vram;
 
 pub use device::{BusMaster, InterruptSink};
-pub use model::{Gpu, StatsReader};
+pub use model::{check_spec, FaultControl, Gpu, StatsReader};
+pub use p2plab_fault::{GpuFaultSpec, SpecError};
 pub use pci::{gpu_function, GpuError, GpuFunction, GpuIds};
 pub use stats::{Stats, StatsSnapshot};
 pub use vram::Vram;
