@@ -69,7 +69,7 @@ out=$(p2plab-gpu-tool -U raw 4 0 0 1M 0x5a5a5a5a); say ERROR_RAW_EXIT $?
 say ERROR_STATUS "$(raw_status "$out")"
 p2plab-gpu-tool fill 0 1M 0x5a; say ERROR_NEXT_FILL_EXIT $?
 say ERROR_NEXT_CRC "$(p2plab-gpu-tool checksum 0 1M)"
-signal done-error
+signal done-error; wait_host cleared-error
 
 # --- 2. a hung CHECKSUM: timeout, engine reset, next job -------------------------
 signal ready-hang; wait_host armed-hang
@@ -78,7 +78,7 @@ say HANG_RESETS "$(cat $sys/engine_resets)"
 say HANG_RESET_LINES "$(dmesg | grep -c 'resetting the engine')"
 say HANG_NEXT_CRC "$(p2plab-gpu-tool -t 20000 checksum 0 1M)"
 say HANG_BROKEN "$(p2plab-gpu-tool info | sed -n 's/^broken: //p')"
-signal done-hang
+signal done-hang; wait_host cleared-hang
 
 # --- 3. a NOP whose interrupt is dropped -----------------------------------------
 signal ready-irq; wait_host armed-irq
@@ -86,7 +86,7 @@ t0=$(now_ms)
 p2plab-gpu-tool -t @IRQ_TIMEOUT_MS@ nop >/dev/null; say IRQ_EXIT $?
 say IRQ_MS $(( $(now_ms) - t0 ))
 say IRQ_RECOVERIES "$(cat $sys/irq_recoveries)"
-signal done-irq
+signal done-irq; wait_host cleared-irq
 
 # --- 4. a VRAM error range -------------------------------------------------------
 signal ready-vram; wait_host armed-vram
@@ -96,7 +96,8 @@ p2plab-gpu-tool checksum 0x100000 0x100000 >/dev/null; say VRAM_BELOW_EXIT $?
 p2plab-gpu-tool checksum 0x210000 0x10000 >/dev/null; say VRAM_ABOVE_EXIT $?
 say VRAM_ERRORS "$(cat $sys/vram_errors)"
 say VRAM_ERROR_ADDR "$(cat $sys/vram_error_addr)"
-signal done-vram
+say VRAM_ERROR_LINES "$(dmesg | grep -c 'VRAM error at offset')"
+signal done-vram; wait_host cleared-vram
 
 # --- 5. the guest arms a fault itself ---------------------------------------------
 p2plab-ctl gpu0 inject 'job-error=0x03,count=1,opcode=nop' >/dev/null; say GUEST_INJECT_EXIT $?
@@ -169,6 +170,10 @@ fn the_gpu_driver_recovers_from_injected_faults() {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
         request(&ctl, &ControlRequest::Clear).unwrap_or_else(|e| panic!("clear: {e:#}"));
+        // The guest waits for this, so the clear cannot undo an injection
+        // the guest arms next.
+        lab.write_guest_file(&format!("cleared-{name}"), "")
+            .expect("signalling the guest");
         (before, after)
     };
     let (e0, e1) = phase(&mut lab, "error", "job-error=0x06,count=1,opcode=fill");
@@ -199,19 +204,34 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     let guest = |msg: &str| format!("{msg}; guest output:\n{}", outcome.output);
     let expected_crc = fact("EXPECTED_CRC");
     assert_eq!(expected_crc.len(), 8, "{}", guest("local CRC"));
-    assert_eq!(fact("BASE_RESET_LINES"), "0", "{}", guest("reset before a hang"));
+    assert_eq!(
+        fact("BASE_RESET_LINES"),
+        "0",
+        "{}",
+        guest("reset before a hang")
+    );
 
     // 1. The injected status reaches user space; the next job runs.
     assert_eq!(fact("ERROR_RAW_EXIT"), "1", "{}", guest("tool exit on EIO"));
     assert_eq!(fact("ERROR_STATUS"), "0x6", "{}", guest("job status"));
     assert_eq!(fact("ERROR_NEXT_FILL_EXIT"), "0", "{}", guest("next fill"));
-    assert_eq!(fact("ERROR_NEXT_CRC"), expected_crc, "{}", guest("fill data"));
+    assert_eq!(
+        fact("ERROR_NEXT_CRC"),
+        expected_crc,
+        "{}",
+        guest("fill data")
+    );
     assert_eq!(delta(&e0, &e1, "injected_job_errors"), 1, "{e1}");
     assert_eq!(delta(&e0, &e1, "jobs_failed"), 1, "{e1}");
     assert_eq!(e1["faults"][0]["fired"].as_u64(), Some(1), "{e1}");
 
     // 2. Hang → timeout → the driver's engine reset → next job succeeds.
-    assert_eq!(fact("HANG_EXIT"), "4", "{}", guest("hung job's exit (timeout)"));
+    assert_eq!(
+        fact("HANG_EXIT"),
+        "4",
+        "{}",
+        guest("hung job's exit (timeout)")
+    );
     assert_eq!(
         number("HANG_RESETS"),
         number("BASE_RESETS") + 1,
@@ -219,14 +239,28 @@ fn the_gpu_driver_recovers_from_injected_faults() {
         guest("engine_resets")
     );
     assert_eq!(fact("HANG_RESET_LINES"), "1", "{}", guest("reset message"));
-    assert_eq!(fact("HANG_NEXT_CRC"), expected_crc, "{}", guest("job after reset"));
+    assert_eq!(
+        fact("HANG_NEXT_CRC"),
+        expected_crc,
+        "{}",
+        guest("job after reset")
+    );
     assert_eq!(fact("HANG_BROKEN"), "no", "{}", guest("engine broken"));
     assert_eq!(delta(&h0, &h1, "injected_hangs"), 1, "{h1}");
-    assert_eq!(delta(&h0, &h1, "jobs_failed"), 0, "a hung job never retires: {h1}");
+    assert_eq!(
+        delta(&h0, &h1, "jobs_failed"),
+        0,
+        "a hung job never retires: {h1}"
+    );
     assert_eq!(delta(&h0, &h1, "jobs_completed"), 1, "{h1}");
 
     // 3. A lost interrupt, recovered by the driver's fence poll.
-    assert_eq!(fact("IRQ_EXIT"), "0", "{}", guest("nop with a lost interrupt"));
+    assert_eq!(
+        fact("IRQ_EXIT"),
+        "0",
+        "{}",
+        guest("nop with a lost interrupt")
+    );
     assert!(
         number("IRQ_MS") < IRQ_TIMEOUT_MS / 2,
         "{}",
@@ -241,22 +275,63 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     assert_eq!(delta(&i0, &i1, "jobs_completed"), 1, "{i1}");
 
     // 4. A VRAM error range: exactly its reads fail, the driver reports it.
-    assert_eq!(fact("VRAM_RAW_EXIT"), "1", "{}", guest("read over the range"));
+    assert_eq!(
+        fact("VRAM_RAW_EXIT"),
+        "1",
+        "{}",
+        guest("read over the range")
+    );
     assert_eq!(fact("VRAM_STATUS"), "0x6", "{}", guest("VRAM_IO status"));
     assert_eq!(fact("VRAM_BELOW_EXIT"), "0", "{}", guest("read below"));
     assert_eq!(fact("VRAM_ABOVE_EXIT"), "0", "{}", guest("read above"));
     assert_eq!(fact("VRAM_ERRORS"), "1", "{}", guest("vram_errors"));
-    assert_eq!(fact("VRAM_ERROR_ADDR"), "0x200000", "{}", guest("vram_error_addr"));
+    assert_eq!(
+        fact("VRAM_ERROR_ADDR"),
+        "0x200000",
+        "{}",
+        guest("vram_error_addr")
+    );
+    assert_eq!(
+        fact("VRAM_ERROR_LINES"),
+        "1",
+        "{}",
+        guest("the driver logs the device's VRAM error, and only it")
+    );
     assert_eq!(delta(&v0, &v1, "vram_errors"), 1, "{v1}");
     assert_eq!(delta(&v0, &v1, "jobs_completed"), 2, "{v1}");
 
     // 5. The guest's own injection, through the virtio-serial port.
-    assert_eq!(fact("GUEST_INJECT_EXIT"), "0", "{}", guest("p2plab-ctl inject"));
-    assert_eq!(fact("GUEST_RAW_EXIT"), "1", "{}", guest("guest-armed fault"));
-    assert_eq!(fact("GUEST_STATUS"), "0x3", "{}", guest("guest-armed status"));
+    assert_eq!(
+        fact("GUEST_INJECT_EXIT"),
+        "0",
+        "{}",
+        guest("p2plab-ctl inject")
+    );
+    assert_eq!(
+        fact("GUEST_RAW_EXIT"),
+        "1",
+        "{}",
+        guest("guest-armed fault")
+    );
+    assert_eq!(
+        fact("GUEST_STATUS"),
+        "0x3",
+        "{}",
+        guest("guest-armed status")
+    );
     assert_eq!(fact("GUEST_NEXT_EXIT"), "0", "{}", guest("count=1"));
-    assert_ne!(fact("GUEST_BAD_SPEC_EXIT"), "0", "{}", guest("0x07 accepted"));
+    assert_ne!(
+        fact("GUEST_BAD_SPEC_EXIT"),
+        "0",
+        "{}",
+        guest("0x07 accepted")
+    );
     assert_eq!(fact("GUEST_CLEAR_EXIT"), "0");
 
-    assert_eq!(fact("KERNEL_COMPLAINTS"), "0", "{}", guest("kernel complaints"));
+    assert_eq!(
+        fact("KERNEL_COMPLAINTS"),
+        "0",
+        "{}",
+        guest("kernel complaints")
+    );
 }

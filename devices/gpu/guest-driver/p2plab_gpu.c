@@ -130,6 +130,7 @@ struct p2plab_gpu {
 	/* Recovery counters, in sysfs. */
 	atomic_t engine_resets;		/* hung engine stopped and restarted */
 	atomic_t irq_recoveries;	/* fences found by polling, no interrupt */
+	u32 vram_errors_seen;		/* REG_VRAM_ERR_COUNT last logged (irq handler) */
 };
 
 struct gpu_file {
@@ -245,11 +246,14 @@ static irqreturn_t p2plab_gpu_irq(int irq, void *data)
 			WRITE_ONCE(gpu->broken, true);
 			dev_err(&gpu->pdev->dev, "engine halted, error %#x; rebind the driver\n",
 				error);
-		} else if (error == HW_ERR_VRAM_IO) {
+		} else if (error == HW_ERR_VRAM_IO &&
+			   readl(gpu->regs + REG_VRAM_ERR_COUNT) != gpu->vram_errors_seen) {
+			/* The device reported a bad VRAM range, not just any VRAM_IO. */
+			gpu->vram_errors_seen = readl(gpu->regs + REG_VRAM_ERR_COUNT);
 			dev_err_ratelimited(&gpu->pdev->dev,
 					    "VRAM error at offset %#llx (%u so far)\n",
 					    readq(gpu->regs + REG_VRAM_ERR_ADDR),
-					    readl(gpu->regs + REG_VRAM_ERR_COUNT));
+					    gpu->vram_errors_seen);
 		} else {
 			dev_dbg(&gpu->pdev->dev, "command failed, error %#x\n", error);
 		}
@@ -262,6 +266,16 @@ static bool ring_has_space(struct p2plab_gpu *gpu)
 {
 	return gpu->submitted_fence - atomic64_read(&gpu->completed_fence) <
 	       gpu->ring_entries - 1;
+}
+
+/*
+ * What a waiter sleeps on: the fence as the interrupt handler (or a poll
+ * of REG_FENCE) reported it. Not the record, so that a job whose interrupt
+ * was lost is only found by the poll, and counted.
+ */
+static bool ctx_fence_reached(struct p2plab_gpu *gpu, struct gpu_job_ctx *ctx)
+{
+	return atomic64_read(&gpu->completed_fence) >= ctx->fence;
 }
 
 static bool ctx_retired(struct p2plab_gpu *gpu, struct gpu_job_ctx *ctx)
@@ -327,7 +341,7 @@ static int submit_and_wait(struct p2plab_gpu *gpu, struct gpu_job_ctx **ctxp, u8
 	while (left > 0) {
 		long slice = min_t(long, left, msecs_to_jiffies(FENCE_POLL_MS));
 		long got = wait_event_interruptible_timeout(gpu->wq,
-							    ctx_retired(gpu, ctx) ||
+							    ctx_fence_reached(gpu, ctx) ||
 							    gpu_stopping(gpu), slice);
 		u64 fence;
 
