@@ -22,6 +22,8 @@ pub struct Decision {
     pub fatal: bool,
     /// Complete but send no interrupt.
     pub drop_interrupt: bool,
+    /// Complete, and send the interrupt this much later.
+    pub interrupt_delay: Duration,
     /// Flip a bit in each block of this range of the read data (the whole
     /// command's range when the spec names none).
     pub corrupt: Option<LbaRange>,
@@ -43,6 +45,8 @@ pub struct Armed {
     pub spec: FaultSpec,
     /// Times it fired (media errors: reads it failed).
     pub fired: u64,
+    /// Matching commands let through because of `after=`.
+    pub passed: u64,
 }
 
 impl Armed {
@@ -194,8 +198,29 @@ impl Injector {
                 self.bad.add(nsid, range);
             }
         }
-        self.armed.push(Armed { id, spec, fired: 0 });
+        self.armed.push(Armed {
+            id,
+            spec,
+            fired: 0,
+            passed: 0,
+        });
         id
+    }
+
+    /// Disarms one spec; a media error's blocks read fine again. Returns
+    /// whether it was armed.
+    pub fn disarm(&mut self, id: u64) -> bool {
+        let Some(at) = self.armed.iter().position(|a| a.id == id) else {
+            return false;
+        };
+        let gone = self.armed.remove(at);
+        if gone.spec.action == Action::MediaError {
+            if let (Some(nsid), Some(r)) = (gone.spec.filter.nsid, gone.spec.filter.lba) {
+                let blocks = r.last.saturating_sub(r.first).saturating_add(1);
+                self.bad.repair(nsid, r.first, blocks);
+            }
+        }
+        true
     }
 
     /// Disarms everything, bad blocks included.
@@ -259,6 +284,10 @@ impl Injector {
                     continue;
                 }
             }
+            if spec.after.is_some_and(|n| self.armed[i].passed < n) {
+                self.armed[i].passed += 1;
+                continue;
+            }
             self.armed[i].fired += 1;
             d.fired += 1;
             match spec.action {
@@ -269,7 +298,11 @@ impl Injector {
                     d.status.get_or_insert((0x082, dnr, false));
                 }
                 Action::Timeout { abortable } => d.hang = Some(abortable),
-                Action::Latency(t) => d.latency += t,
+                Action::Latency { min, max } => {
+                    let spread = max.saturating_sub(min);
+                    d.latency += min + spread.mul_f64(self.roll());
+                }
+                Action::DelayInterrupt(t) => d.interrupt_delay = d.interrupt_delay.max(t),
                 Action::ControllerFatal => d.fatal = true,
                 Action::DropInterrupt => d.drop_interrupt = true,
                 Action::Corrupt => {
@@ -342,6 +375,51 @@ mod tests {
         let r = &inj.report()[0];
         assert_eq!((r.fired, r.remaining), (2, Some(0)));
         assert_eq!(r.spec, "status=0x281,dnr,count=2,opcode=read");
+    }
+
+    /// Catches `after=` firing early or never.
+    #[test]
+    fn after_lets_commands_pass_first() {
+        let mut inj = Injector::default();
+        inj.arm(spec("status=0x281,count=1,after=3,opcode=read"));
+        let fired: Vec<bool> = (0..6).map(|_| !inj.decide(&read(0, 1)).is_none()).collect();
+        assert_eq!(fired, vec![false, false, false, true, false, false]);
+    }
+
+    /// Disarming one spec leaves the others.
+    #[test]
+    fn disarm_removes_one_spec() {
+        let mut inj = Injector::default();
+        let a = inj.arm(spec("status=0x4"));
+        let b = inj.arm(spec("media-error,lba=1-2"));
+        assert!(inj.disarm(a));
+        assert!(!inj.disarm(a));
+        assert_eq!(inj.report().len(), 1);
+        assert!(inj.decide(&read(0, 1)).is_none());
+        assert!(inj.disarm(b));
+        assert!(inj.is_idle(), "the media error's blocks went with it");
+    }
+
+    /// Catches a latency range that is ignored or escapes its bounds.
+    #[test]
+    fn latency_ranges_spread_within_their_bounds() {
+        let mut inj = Injector::default();
+        inj.arm(spec("latency=1ms-3ms"));
+        let delays: Vec<Duration> = (0..500).map(|_| inj.decide(&read(0, 1)).latency).collect();
+        let (lo, hi) = (Duration::from_millis(1), Duration::from_millis(3));
+        assert!(delays.iter().all(|d| (lo..=hi).contains(d)));
+        let mean = delays.iter().sum::<Duration>() / 500;
+        assert!(
+            (Duration::from_micros(1800)..Duration::from_micros(2200)).contains(&mean),
+            "{mean:?}"
+        );
+        let mut inj = Injector::default();
+        inj.arm(spec("delay-irq=4ms,count=1"));
+        assert_eq!(
+            inj.decide(&read(0, 1)).interrupt_delay,
+            Duration::from_millis(4)
+        );
+        assert_eq!(inj.decide(&read(0, 1)).interrupt_delay, Duration::ZERO);
     }
 
     #[test]

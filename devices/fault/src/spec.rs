@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! SPEC   := ACTION { (',' | ':') ITEM }
-//! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout | latency=DURATION
-//!         | cfs | drop-irq | corrupt
-//! ITEM   := dnr | more | no-abort | count=N | prob=P | opcode=NAME|0xNN
+//! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout
+//!         | latency=DURATION[-DURATION] | cfs | drop-irq | delay-irq=DURATION | corrupt
+//! ITEM   := dnr | more | no-abort | count=N | prob=P | after=N | opcode=NAME|0xNN
 //!         | admin-opcode=NAME|0xNN | queue=N | nsid=N | lba=A[-B]
 //! ```
 //!
@@ -34,8 +34,12 @@ pub enum Action {
     /// The command never completes; an Abort naming it aborts it with
     /// Command Abort Requested unless `abortable` is false.
     Timeout { abortable: bool },
-    /// The command runs this much later.
-    Latency(Duration),
+    /// The command runs later: `min` when `min == max`, else a uniformly
+    /// random delay in `[min, max]` per command.
+    Latency { min: Duration, max: Duration },
+    /// The command completes, and its MSI-X message is sent this much
+    /// later (the completion is in the queue meanwhile).
+    DelayInterrupt(Duration),
     /// The controller raises CSTS.CFS instead of running the command.
     ControllerFatal,
     /// The command completes, but its MSI-X message is not sent.
@@ -178,6 +182,9 @@ pub struct FaultSpec {
     pub count: Option<u64>,
     /// Fire on each matching command with this probability (None: always).
     pub probability: Option<f64>,
+    /// Let this many matching commands pass before firing (None: fire
+    /// from the first).
+    pub after: Option<u64>,
 }
 
 /// A spec that does not parse: which item, and why.
@@ -320,8 +327,25 @@ impl FromStr for FaultSpec {
                 Action::Timeout { abortable: true }
             }
             "latency" => {
-                Action::Latency(parse_duration(need_value("5ms")?).map_err(|m| error(head, m))?)
+                let text = need_value("5ms")?;
+                let (min, max) = match text.split_once('-') {
+                    Some((a, b)) => (
+                        parse_duration(a).map_err(|m| error(head, m))?,
+                        parse_duration(b).map_err(|m| error(head, m))?,
+                    ),
+                    None => {
+                        let d = parse_duration(text).map_err(|m| error(head, m))?;
+                        (d, d)
+                    }
+                };
+                if max < min {
+                    return Err(error(head, "the range ends before it starts"));
+                }
+                Action::Latency { min, max }
             }
+            "delay-irq" => Action::DelayInterrupt(
+                parse_duration(need_value("5ms")?).map_err(|m| error(head, m))?,
+            ),
             "cfs" => {
                 no_value()?;
                 Action::ControllerFatal
@@ -340,7 +364,7 @@ impl FromStr for FaultSpec {
                     head,
                     format!(
                         "{other:?} is not a fault (status=, ns-not-ready, media-error, timeout, \
-                         latency=, cfs, drop-irq, corrupt)"
+                         latency=, cfs, drop-irq, delay-irq=, corrupt)"
                     ),
                 ))
             }
@@ -350,6 +374,7 @@ impl FromStr for FaultSpec {
             filter: Filter::default(),
             count: None,
             probability: None,
+            after: None,
         };
         for item in items {
             let (key, value) = match item.split_once('=') {
@@ -386,6 +411,9 @@ impl FromStr for FaultSpec {
                         Action::Timeout { abortable } => *abortable = false,
                         _ => return Err(error(item, "only timeout can refuse an Abort")),
                     }
+                }
+                "after" => {
+                    spec.after = Some(parse_number(value_of("N")?).map_err(|m| error(item, m))?);
                 }
                 "count" => {
                     let n = parse_number(value_of("N")?).map_err(|m| error(item, m))?;
@@ -428,9 +456,9 @@ impl FromStr for FaultSpec {
                     return Err(error(
                         item,
                         format!(
-                            "{other:?} is not an option (dnr, more, no-abort, count=, prob=, \
+                        "{other:?} is not an option (dnr, more, no-abort, count=, prob=, after=, \
                              opcode=, admin-opcode=, queue=, nsid=, lba=)"
-                        ),
+                    ),
                     ))
                 }
             }
@@ -460,6 +488,9 @@ impl FaultSpec {
                     return Err(
                         "media-error is persistent until rewritten: no count= or prob=".into(),
                     );
+                }
+                if self.after.is_some() {
+                    return Err("media-error is persistent until rewritten: no after=".into());
                 }
                 if f.opcode.is_some() || f.queue.is_some() {
                     return Err("media-error applies to blocks, not to opcodes or queues".into());
@@ -541,7 +572,16 @@ impl fmt::Display for FaultSpec {
                     f.write_str(",no-abort")?;
                 }
             }
-            Action::Latency(d) => write!(f, "latency={}", format_duration(d))?,
+            Action::Latency { min, max } if min == max => {
+                write!(f, "latency={}", format_duration(min))?
+            }
+            Action::Latency { min, max } => write!(
+                f,
+                "latency={}-{}",
+                format_duration(min),
+                format_duration(max)
+            )?,
+            Action::DelayInterrupt(d) => write!(f, "delay-irq={}", format_duration(d))?,
             Action::ControllerFatal => f.write_str("cfs")?,
             Action::DropInterrupt => f.write_str("drop-irq")?,
             Action::Corrupt => f.write_str("corrupt")?,
@@ -551,6 +591,9 @@ impl fmt::Display for FaultSpec {
         }
         if let Some(p) = self.probability {
             write!(f, ",prob={p}")?;
+        }
+        if let Some(n) = self.after {
+            write!(f, ",after={n}")?;
         }
         if let Some(o) = self.filter.opcode {
             match o.set {
@@ -630,11 +673,17 @@ mod tests {
         );
         assert_eq!(
             parse("latency=5ms:opcode=write").action,
-            Action::Latency(Duration::from_millis(5))
+            Action::Latency {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(5)
+            }
         );
         assert_eq!(
             parse("latency=250us").action,
-            Action::Latency(Duration::from_micros(250))
+            Action::Latency {
+                min: Duration::from_micros(250),
+                max: Duration::from_micros(250)
+            }
         );
         let cfs = parse("cfs");
         assert_eq!(cfs.action, Action::ControllerFatal);
@@ -660,12 +709,15 @@ mod tests {
         for text in [
             "status=0x281,dnr,count=3,opcode=read,nsid=1,lba=0-1023",
             "status=0x004,more,prob=0.5,queue=2",
+            "status=0x281,count=1,after=99,opcode=read",
             "ns-not-ready,dnr,nsid=2",
             "media-error,nsid=1,lba=100-199",
             "timeout,no-abort,count=1,opcode=read",
             "latency=5ms,opcode=write",
             "latency=2s",
             "latency=7us",
+            "latency=1ms-20ms",
+            "delay-irq=3ms,count=1",
             "cfs,count=1",
             "drop-irq,count=1",
             "corrupt,lba=7",
@@ -696,6 +748,9 @@ mod tests {
             ("latency=5", "latency=5"),
             ("latency=5h", "latency=5h"),
             ("latency=61s", "latency=61s"),
+            ("latency=9ms-2ms", "latency=9ms-2ms"),
+            ("latency=1ms-", "latency=1ms-"),
+            ("delay-irq", "delay-irq"),
             ("timeout,dnr", "dnr"),
             ("cfs,more", "more"),
             ("drop-irq,no-abort", "no-abort"),

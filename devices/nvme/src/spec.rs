@@ -48,6 +48,9 @@ pub mod feature {
     pub const WRITE_ATOMICITY: u8 = 0x0a;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const TIMESTAMP: u8 = 0x0e;
+    /// OCP Datacenter NVMe SSD: Error Injection (what `nvme ocp
+    /// set-error-injection` sets).
+    pub const OCP_ERROR_INJECTION: u8 = 0xc0;
 }
 
 /// Identify Controller or Namespace Structure (CNS) values.

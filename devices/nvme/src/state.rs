@@ -67,6 +67,10 @@ pub(crate) struct AdminState {
     pub doorbell_buffers: Option<(u64, u64)>,
     pub changed_namespaces: BTreeSet<u32>,
     pub queues_created: bool,
+    /// OCP Error Injection entries as the host set them, each with the ID
+    /// of the injection it armed (none when disabled). They survive
+    /// controller resets, like injections armed from the host.
+    pub ocp_error_injection: Vec<([u8; 32], Option<u64>)>,
 }
 
 impl AdminState {
@@ -78,6 +82,7 @@ impl AdminState {
             doorbell_buffers: None,
             changed_namespaces: BTreeSet::new(),
             queues_created: false,
+            ocp_error_injection: Vec::new(),
         }
     }
 }
@@ -215,6 +220,16 @@ impl ControllerState {
         crate::lock(&self.faults).clear();
         self.faults_armed.store(false, Ordering::Release);
         info!("fault injections cleared");
+    }
+
+    /// Disarms one injection (an OCP Error Injection entry replaced).
+    pub fn disarm_fault(&self, id: u64) {
+        let mut faults = crate::lock(&self.faults);
+        if faults.disarm(id) {
+            info!(id, "fault injection disarmed");
+        }
+        self.faults_armed
+            .store(!faults.is_idle(), Ordering::Release);
     }
 
     /// What the armed injections do to this command.

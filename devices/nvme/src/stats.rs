@@ -96,6 +96,8 @@ counters! {
     /// completion (`timeout`), and held commands that an Abort aborted.
     injected_faults,
     interrupts_dropped,
+    /// Completions whose interrupt was sent late on purpose (`delay-irq`).
+    interrupts_delayed,
     commands_held,
     commands_aborted,
     /// Reads failed by an injected media error.

@@ -166,6 +166,18 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
                 info!(cid = cmd.cid(), "injected: interrupt dropped");
                 continue;
             }
+            Ok(()) if !fault.interrupt_delay.is_zero() => {
+                // The completion is visible now; its interrupt (and this
+                // queue's next commands) wait.
+                state
+                    .stats
+                    .interrupts_delayed
+                    .fetch_add(1, Ordering::Relaxed);
+                sleep_unless_stopped(&sq, fault.interrupt_delay);
+                state.interrupt(&cq);
+                unsignalled = 0;
+                continue;
+            }
             Ok(()) => unsignalled += 1,
             Err(PostError::Stopped) => break,
             Err(PostError::Fault(e)) => {
@@ -210,6 +222,19 @@ fn injected_status(sct_sc: u16, dnr: bool, more: bool) -> Status {
     Status::from_raw(sct_sc | (u16::from(more) << 13) | (u16::from(dnr) << 14))
 }
 
+/// Sleeps for `time`, in slices so that a reset or queue deletion is not
+/// held up.
+fn sleep_unless_stopped(sq: &SubmissionQueue, time: Duration) {
+    let until = Instant::now() + time;
+    while !sq.stopped() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
+}
+
 /// What the worker does after applying a fault.
 enum FaultStep {
     /// Go on (with the decision's status or corruption, if any).
@@ -241,15 +266,7 @@ fn apply_fault(
         ?fault,
         "injected fault fires"
     );
-    // Sleep in slices so a reset or queue deletion is not held up.
-    let until = Instant::now() + fault.latency;
-    while !sq.stopped() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        std::thread::sleep(left.min(Duration::from_millis(20)));
-    }
+    sleep_unless_stopped(sq, fault.latency);
     if fault.fatal {
         state.set_fatal(&format!(
             "injected cfs on SQ {} command {}",

@@ -133,6 +133,9 @@ fn feature_context(state: &ControllerState, admin: &AdminState) -> FeatureContex
 
 pub(super) fn get_features(cx: &mut CommandContext<'_>, f: GetFeatures) -> CommandResult {
     let state = cx.state;
+    if f.fid == feature::OCP_ERROR_INJECTION {
+        return super::ocp::get_error_injection(cx, &f);
+    }
     if f.fid == feature::TIMESTAMP && f.sel != Select::Capabilities {
         let bytes = if f.sel == Select::Current {
             lock(&state.admin).features.timestamp_bytes()
@@ -155,6 +158,9 @@ pub(super) fn get_features(cx: &mut CommandContext<'_>, f: GetFeatures) -> Comma
 
 pub(super) fn set_features(cx: &mut CommandContext<'_>, f: SetFeatures) -> CommandResult {
     let state = cx.state;
+    if f.fid == feature::OCP_ERROR_INJECTION {
+        return super::ocp::set_error_injection(cx, &f);
+    }
     if f.fid == feature::TIMESTAMP {
         if f.sv {
             return Err(Status::FEATURE_NOT_SAVEABLE);

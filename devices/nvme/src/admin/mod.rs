@@ -7,6 +7,7 @@
 //! - here: the table, Abort, Asynchronous Event Request, Format NVM.
 
 mod info;
+mod ocp;
 mod queues;
 
 use std::sync::atomic::Ordering;

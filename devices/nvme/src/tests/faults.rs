@@ -234,6 +234,44 @@ fn dropped_interrupt_leaves_the_completion_in_the_queue() {
     assert!(h.irq.wait_for(1, before, TIMEOUT), "the next one is sent");
 }
 
+/// Catches a delayed interrupt that is sent on time, never, or with the
+/// completion held back too.
+#[test]
+fn delayed_interrupt_comes_late_after_the_completion() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("delay-irq=400ms,count=1"));
+    let before = h.irq.count(1);
+    let t = Instant::now();
+    let cid = h.submit(1, rw(op::READ, 0, 1).build());
+    let c = h.reap(1);
+    assert_eq!((c.cid, c.status), (cid, Status::SUCCESS));
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "completion held back"
+    );
+    assert_eq!(h.irq.count(1), before, "interrupt sent early");
+    assert!(h.irq.wait_for(1, before, TIMEOUT));
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(h.ctrl.stats().counters.interrupts_delayed, 1);
+}
+
+/// Catches latency ranges that are not applied.
+#[test]
+fn latency_range_delays_within_bounds() {
+    let mut h = ready_host();
+    h.ctrl.inject(spec("latency=100ms-200ms,opcode=read"));
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+    }
+}
+
 /// Catches corruption outside the range, or none inside it.
 #[test]
 fn corrupt_flips_one_bit_per_block_of_the_range() {
@@ -294,4 +332,69 @@ fn surprise_reset_drops_the_queues_and_keeps_the_cmb_placement() {
     h.enable();
     h.create_pair(1);
     assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
+}
+
+fn ocp_entry(flags: u8, kind: u16, nrtdp: u16) -> [u8; 32] {
+    let mut e = [0u8; 32];
+    e[0] = flags;
+    e[2..4].copy_from_slice(&kind.to_le_bytes());
+    e[4..6].copy_from_slice(&nrtdp.to_le_bytes());
+    e
+}
+
+fn set_ocp(h: &mut Host, entries: &[[u8; 32]]) -> Status {
+    let data: Vec<u8> = entries.iter().flatten().copied().collect();
+    if !data.is_empty() {
+        h.poke(DATA, &data);
+    }
+    let cmd = CommandBuilder::new(admin::SET_FEATURES, 0)
+        .prp1(DATA)
+        .cdw(10, 0xc0)
+        .cdw(11, entries.len() as u32)
+        .build();
+    h.admin_status(cmd)
+}
+
+/// Catches the OCP Error Injection feature (what `nvme ocp
+/// set-error-injection --no-uuid` sends) not arming its fault, ignoring
+/// NRTDP or Single Instance, not reading back, or accepting a type it
+/// cannot do.
+#[test]
+fn ocp_error_injection_arms_faults_in_band() {
+    let mut h = ready_host();
+    // NAND corruption, enabled, single instance, after 2 reads.
+    let entry = ocp_entry(0b11, 7, 2);
+    assert_eq!(set_ocp(&mut h, &[entry]), Status::SUCCESS);
+    let statuses: Vec<Status> = (0..4).map(|_| read_status(&mut h, 0, 1)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            Status::SUCCESS,
+            Status::SUCCESS,
+            Status::UNRECOVERED_READ_ERROR,
+            Status::SUCCESS
+        ]
+    );
+    let get = CommandBuilder::new(admin::GET_FEATURES, 0)
+        .prp1(DATA + 0x2000)
+        .prp2(DATA + 0x3000)
+        .cdw(10, 0xc0)
+        .build();
+    h.poke(DATA + 0x2000, &[0xff; 64]);
+    let c = h.admin(get);
+    assert_eq!((c.status, c.dw0 & 0x7f), (Status::SUCCESS, 1));
+    assert_eq!(h.peek(DATA + 0x2000, 32), entry.to_vec());
+    assert_eq!(h.peek(DATA + 0x2020, 32), vec![0; 32]);
+    // A new set replaces the old entries: a disabled one arms nothing.
+    assert_eq!(set_ocp(&mut h, &[ocp_entry(0, 4, 0)]), Status::SUCCESS);
+    assert!(h.ctrl.fault_report().armed.is_empty());
+    // PLP defect: not something this controller can fake.
+    assert_eq!(
+        set_ocp(&mut h, &[ocp_entry(1, 3, 0)]),
+        Status::INVALID_FIELD
+    );
+    // Firmware error: CSTS.CFS on the next I/O command.
+    assert_eq!(set_ocp(&mut h, &[ocp_entry(1, 4, 0)]), Status::SUCCESS);
+    h.submit(1, rw(op::READ, 0, 1).build());
+    h.wait_csts(2, 2);
 }
