@@ -298,6 +298,12 @@ fn the_gpu_driver_recovers_from_injected_faults() {
         guest("the driver logs the device's VRAM error, and only it")
     );
     assert_eq!(delta(&v0, &v1, "vram_errors"), 1, "{v1}");
+    assert_eq!(v1["registers"]["VRAM_ERR_COUNT"].as_u64(), Some(1), "{v1}");
+    assert_eq!(
+        v1["registers"]["VRAM_ERR_ADDR"].as_u64(),
+        Some(0x20_0000),
+        "{v1}"
+    );
     assert_eq!(delta(&v0, &v1, "jobs_completed"), 2, "{v1}");
 
     // 5. The guest's own injection, through the virtio-serial port.

@@ -85,6 +85,13 @@ impl ControlHandler for GpuControl {
                     let faults =
                         serde_json::to_value(self.faults.report()).map_err(|e| e.to_string())?;
                     object.insert("faults".into(), faults);
+                    let registers: serde_json::Map<String, serde_json::Value> = self
+                        .faults
+                        .registers()
+                        .into_iter()
+                        .map(|(name, value)| (name.to_owned(), value.into()))
+                        .collect();
+                    object.insert("registers".into(), registers.into());
                 }
                 Ok(value)
             }

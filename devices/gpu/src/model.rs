@@ -15,7 +15,7 @@ use p2plab_fault::{ArmedReport, GpuAction, GpuFaultSpec};
 use crate::device::{BusMaster, Device, InterruptSink};
 use crate::engine::Engine;
 use crate::register_file::{AfterWrite, RegisterFile};
-use crate::regs::{Reg, REGS_BAR_SIZE};
+use crate::regs::{Access, Reg, REGS_BAR_SIZE};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::status::StatusCode;
 use crate::vram::Vram;
@@ -70,6 +70,18 @@ impl FaultControl {
     /// The armed injections and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
         self.0.faults().report()
+    }
+
+    /// Every BAR0 register by name, as the guest would read it now (the
+    /// write-only DOORBELL left out).
+    pub fn registers(&self) -> Vec<(&'static str, u64)> {
+        let vram_size = self.0.vram.size();
+        let regs = self.0.lock();
+        Reg::ALL
+            .iter()
+            .filter(|reg| reg.access() != Access::WriteOnly)
+            .map(|&reg| (reg.name(), regs.read(reg, vram_size)))
+            .collect()
     }
 
     /// What a function-level reset does (see [`Gpu::reset`]).

@@ -124,6 +124,12 @@ fn vram_error_fails_reads_of_its_range_only_and_is_reported() {
     assert_eq!(rig.read32(Reg::VramErrCount), 2);
     // Writes into it are not reads: they run.
     assert_eq!(rig.run(fill_cmd(0x3000, 0x1000, 5)).status, 0);
+    let registers = rig.gpu.fault_control().registers();
+    let reg = |name: &str| registers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    assert_eq!(reg("VRAM_ERR_COUNT"), Some(2));
+    assert_eq!(reg("VRAM_ERR_ADDR"), Some(0x3800));
+    assert_eq!(reg("ENGINE_ERROR"), Some(StatusCode::VramIo.code().into()));
+    assert_eq!(reg("DOORBELL"), None, "write-only");
     let report = rig.gpu.fault_control().report();
     assert_eq!(report.len(), 1);
     assert_eq!((report[0].id, report[0].fired), (id, 2));
