@@ -33,6 +33,11 @@
 //!    `status` back the same way. Catches: a broken guest channel, a spec
 //!    that fires more often than its count.
 //!
+//! 6. `nvme ocp set-error-injection --no-uuid` with a NAND corruption
+//!    entry: reads fail with EIO until a disabled entry replaces it, and
+//!    `get-error-injection` reads the entry back. Catches: the OCP feature
+//!    not reaching the injector, or not being replaced.
+//!
 //! Every reaction is counted exactly in dmesg (no timeout, reset or WARN
 //! that the test did not ask for) and in the server's counters (`status`
 //! on the control socket).
@@ -143,6 +148,23 @@ p2plab-ctl nvme0 status --json > /run/p2plab/guest-status.json 2>/run/p2plab/gue
 say GUEST_STATUS_STATUS $?
 p2plab-ctl nvme0 inject 'status=0x281,cnt=1' > /run/p2plab/guest-bad.out 2>&1; say GUEST_BAD_SPEC_STATUS $?
 p2plab-ctl nvme0 clear >/dev/null; say GUEST_CLEAR_STATUS $?
+
+# --- 6. in band: OCP Error Injection (type 7, NAND corruption) through nvme-cli -----
+# Entries: flags (bit 0 enable, bit 1 single), reserved, type (LE16), NRTDP, zeros.
+{ printf '\001\000\007\000'; head -c 28 /dev/zero; } > /tmp/erri-on.bin
+{ printf '\000\000\007\000'; head -c 28 /dev/zero; } > /tmp/erri-off.bin
+nvme ocp set-error-injection /dev/nvme0 --no-uuid --number=1 --data=/tmp/erri-on.bin > /run/p2plab/ocp-set.out 2>&1
+say OCP_SET_STATUS $?
+nvme ocp get-error-injection /dev/nvme0 --no-uuid > /run/p2plab/ocp-get.out 2>&1; say OCP_GET_STATUS $?
+# nvme-cli 2.13's get-error-injection passes no data buffer (it prints
+# zeros): it shows the count; the generic get-feature reads the entries.
+say OCP_GET_NUME "$(sed -n 's/.*(Current: \([0-9]*\)).*/\1/p' /run/p2plab/ocp-get.out)"
+nvme get-feature /dev/nvme0 --feature-id=0xc0 --data-len=4064 --raw-binary > /run/p2plab/ocp-get.bin 2>/dev/null
+say OCP_GET_RAW_STATUS $?
+dd if=$ns of=/dev/null bs=512 skip=7000 count=1 iflag=direct 2>/dev/null; say OCP_READ_STATUS $?
+nvme ocp set-error-injection /dev/nvme0 --no-uuid --number=1 --data=/tmp/erri-off.bin > /run/p2plab/ocp-clear.out 2>&1
+say OCP_CLEAR_STATUS $?
+dd if=$ns of=/dev/null bs=512 skip=7000 count=1 iflag=direct 2>/dev/null; say OCP_AFTER_STATUS $?
 
 # --- the guest's view ------------------------------------------------------------
 say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace|blocked for more than')"
@@ -461,6 +483,31 @@ fn linux_recovers_from_injected_nvme_faults() {
     let bad = std::fs::read_to_string(run_dir.join("guest/guest-bad.out")).unwrap_or_default();
     assert!(bad.contains("cnt=1"), "the error names the bad item: {bad}");
     assert_eq!(fact("GUEST_CLEAR_STATUS"), "0");
+
+    // 6. In band: nvme-cli's OCP set-error-injection arms NAND corruption.
+    let ocp_out =
+        |name: &str| std::fs::read_to_string(run_dir.join("guest").join(name)).unwrap_or_default();
+    assert_eq!(fact("OCP_SET_STATUS"), "0", "{}", ocp_out("ocp-set.out"));
+    assert_eq!(fact("OCP_GET_STATUS"), "0", "{}", ocp_out("ocp-get.out"));
+    assert_eq!(fact("OCP_GET_NUME"), "1", "{}", ocp_out("ocp-get.out"));
+    assert_eq!(fact("OCP_GET_RAW_STATUS"), "0");
+    let raw = std::fs::read(run_dir.join("guest/ocp-get.bin")).expect("ocp-get.bin");
+    assert_eq!(raw.len(), 4064, "127 entries of 32 bytes");
+    assert_eq!(raw[..4], [1, 0, 7, 0], "the entry as set: enabled, type 7");
+    assert!(raw[32..].iter().all(|&b| b == 0), "one entry only");
+    assert_ne!(
+        fact("OCP_READ_STATUS"),
+        "0",
+        "{}",
+        guest("NAND corruption read")
+    );
+    assert_eq!(
+        fact("OCP_CLEAR_STATUS"),
+        "0",
+        "{}",
+        ocp_out("ocp-clear.out")
+    );
+    assert_eq!(fact("OCP_AFTER_STATUS"), "0", "{}", guest("disabled entry"));
 
     // Nothing else: exactly the timeouts and the one reset asked for.
     assert_eq!(
