@@ -7,12 +7,17 @@
 //!   what to do to a command, [`BadBlocks`] keeps media-error ranges until
 //!   they are rewritten.
 //!
+//! - [`GpuFaultSpec`] and [`GpuInjector`]: the same for the GPU's engine
+//!   jobs (`job-error=0x06,count=1`, `hang`, `drop-irq`, `vram-error=A-B`).
+//!
 //! The device model applies the [`Decision`]; this crate knows command
 //! fields (queue, opcode, namespace, LBAs), not any device's registers.
 
+mod gpu;
 mod injector;
 mod spec;
 
+pub use gpu::{GpuAction, GpuDecision, GpuFaultSpec, GpuInjector};
 pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector};
 pub use spec::{
     Action, CommandInfo, CommandSet, FaultSpec, Filter, LbaRange, Opcode, SpecError, MAX_LATENCY,

@@ -208,7 +208,7 @@ impl fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
-fn error(item: &str, message: impl Into<String>) -> SpecError {
+pub(crate) fn error(item: &str, message: impl Into<String>) -> SpecError {
     SpecError {
         item: item.to_string(),
         message: message.into(),
@@ -216,7 +216,7 @@ fn error(item: &str, message: impl Into<String>) -> SpecError {
 }
 
 /// A decimal or 0x-prefixed hex number.
-fn parse_number(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_number(text: &str) -> Result<u64, String> {
     let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => text.parse(),
@@ -260,7 +260,7 @@ fn format_duration(d: Duration) -> String {
 }
 
 /// `0.25` or `25%`, in (0, 1].
-fn parse_probability(text: &str) -> Result<f64, String> {
+pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
     let p = match text.strip_suffix('%') {
         Some(pct) => pct.parse::<f64>().map(|v| v / 100.0),
         None => text.parse::<f64>(),

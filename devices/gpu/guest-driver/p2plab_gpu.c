@@ -36,6 +36,7 @@
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
+#include <linux/sysfs.h>
 #include <linux/uaccess.h>
 #include <linux/wait.h>
 
@@ -47,6 +48,11 @@
 #define BOUNCE_SIZE		(1024 * 1024)
 #define DEFAULT_TIMEOUT_MS	30000
 #define IDLE_TIMEOUT_US		(5 * USEC_PER_SEC)
+/*
+ * A waiter looks at REG_FENCE itself this often, so a job whose interrupt
+ * was lost completes within one poll instead of timing out.
+ */
+#define FENCE_POLL_MS		200
 
 #ifndef PCI_IRQ_INTX
 #define PCI_IRQ_INTX PCI_IRQ_LEGACY
@@ -120,6 +126,11 @@ struct p2plab_gpu {
 	bool unmapped;			/* under map_lock */
 	struct mutex files_lock;
 	struct list_head files;
+
+	/* Recovery counters, in sysfs. */
+	atomic_t engine_resets;		/* hung engine stopped and restarted */
+	atomic_t irq_recoveries;	/* fences found by polling, no interrupt */
+	u32 vram_errors_seen;		/* REG_VRAM_ERR_COUNT last logged (irq handler) */
 };
 
 struct gpu_file {
@@ -235,6 +246,14 @@ static irqreturn_t p2plab_gpu_irq(int irq, void *data)
 			WRITE_ONCE(gpu->broken, true);
 			dev_err(&gpu->pdev->dev, "engine halted, error %#x; rebind the driver\n",
 				error);
+		} else if (error == HW_ERR_VRAM_IO &&
+			   readl(gpu->regs + REG_VRAM_ERR_COUNT) != gpu->vram_errors_seen) {
+			/* The device reported a bad VRAM range, not just any VRAM_IO. */
+			gpu->vram_errors_seen = readl(gpu->regs + REG_VRAM_ERR_COUNT);
+			dev_err_ratelimited(&gpu->pdev->dev,
+					    "VRAM error at offset %#llx (%u so far)\n",
+					    readq(gpu->regs + REG_VRAM_ERR_ADDR),
+					    gpu->vram_errors_seen);
 		} else {
 			dev_dbg(&gpu->pdev->dev, "command failed, error %#x\n", error);
 		}
@@ -247,6 +266,16 @@ static bool ring_has_space(struct p2plab_gpu *gpu)
 {
 	return gpu->submitted_fence - atomic64_read(&gpu->completed_fence) <
 	       gpu->ring_entries - 1;
+}
+
+/*
+ * What a waiter sleeps on: the fence as the interrupt handler (or a poll
+ * of REG_FENCE) reported it. Not the record, so that a job whose interrupt
+ * was lost is only found by the poll, and counted.
+ */
+static bool ctx_fence_reached(struct p2plab_gpu *gpu, struct gpu_job_ctx *ctx)
+{
+	return atomic64_read(&gpu->completed_fence) >= ctx->fence;
 }
 
 static bool ctx_retired(struct p2plab_gpu *gpu, struct gpu_job_ctx *ctx)
@@ -308,17 +337,36 @@ static int submit_and_wait(struct p2plab_gpu *gpu, struct gpu_job_ctx **ctxp, u8
 	mutex_unlock(&gpu->submit_lock);
 	res->fence = ctx->fence;
 
-	left = wait_event_interruptible_timeout(gpu->wq,
-						ctx_retired(gpu, ctx) || gpu_stopping(gpu),
-						*timeout);
-	if (!ctx_retired(gpu, ctx) && left == 0 && !gpu_stopping(gpu)) {
-		/* Last look at the device itself before declaring a timeout. */
-		u64 fence = readq(gpu->regs + REG_FENCE);
+	left = *timeout;
+	while (left > 0) {
+		long slice = min_t(long, left, msecs_to_jiffies(FENCE_POLL_MS));
+		long got = wait_event_interruptible_timeout(gpu->wq,
+							    ctx_fence_reached(gpu, ctx) ||
+							    gpu_stopping(gpu), slice);
+		u64 fence;
 
-		if (fence >= ctx->fence) {
-			dev_warn_once(&gpu->pdev->dev, "fence %llu retired without an interrupt\n",
-				      ctx->fence);
+		if (got < 0) {
+			left = got;
+			break;
+		}
+		if (got > 0) {
+			left -= slice - got;
+			left = max(left, 1L);
+			break;
+		}
+		left -= slice;
+		if (gpu_stopping(gpu))
+			break;
+		/* No wake-up within a poll: look at the device itself. */
+		fence = readq(gpu->regs + REG_FENCE);
+		if (fence != ~0ull && fence >= ctx->fence) {
+			atomic_inc(&gpu->irq_recoveries);
+			dev_warn_ratelimited(&gpu->pdev->dev,
+					     "fence %llu retired without an interrupt; recovered by polling\n",
+					     ctx->fence);
 			fence_advance(gpu, fence);
+			left = max(left, 1L);
+			break;
 		}
 	}
 	if (!ctx_retired(gpu, ctx)) {
@@ -450,6 +498,49 @@ submit:
 	return ret;
 }
 
+static bool engine_stop(struct p2plab_gpu *gpu);
+static int engine_start(struct p2plab_gpu *gpu);
+
+/*
+ * A job timed out: the engine is wedged (or far too slow). Stop it, which
+ * abandons whatever it holds, free the abandoned jobs' memory and start a
+ * fresh ring. Jobs other threads still wait on end with ETIMEDOUT on their
+ * own; they were never retired. If the engine does not stop, the device
+ * is marked broken (rebind to recover).
+ */
+static void engine_recover(struct p2plab_gpu *gpu, u64 hung_fence)
+{
+	u32 status;
+
+	down_write(&gpu->hw_lock);
+	if (gpu->dead || READ_ONCE(gpu->broken) ||
+	    atomic64_read(&gpu->completed_fence) >= hung_fence) {
+		/* Gone, beyond help, or another recovery (or the job) got there. */
+		up_write(&gpu->hw_lock);
+		return;
+	}
+	status = readl(gpu->regs + REG_STATUS);
+	dev_warn(&gpu->pdev->dev,
+		 "job fence %llu timed out (status %#x, device fence %llu); resetting the engine\n",
+		 hung_fence, status, readq(gpu->regs + REG_FENCE));
+	if (engine_stop(gpu)) {
+		reap_zombies(gpu, true);
+		if (engine_start(gpu))
+			WRITE_ONCE(gpu->broken, true);
+	} else {
+		WRITE_ONCE(gpu->broken, true);
+	}
+	if (READ_ONCE(gpu->broken)) {
+		dev_err(&gpu->pdev->dev, "engine reset failed; rebind the driver\n");
+	} else {
+		atomic_inc(&gpu->engine_resets);
+		dev_info(&gpu->pdev->dev, "engine reset done (%d so far)\n",
+			 atomic_read(&gpu->engine_resets));
+	}
+	up_write(&gpu->hw_lock);
+	wake_up_all(&gpu->wq);
+}
+
 /* ---- file operations ---- */
 
 static long ioctl_submit(struct p2plab_gpu *gpu, struct p2plab_gpu_job __user *ujob)
@@ -479,6 +570,8 @@ static long ioctl_submit(struct p2plab_gpu *gpu, struct p2plab_gpu_job __user *u
 	reap_zombies(gpu, false);
 	ret = run_job(gpu, &job, &res);
 	up_read(&gpu->hw_lock);
+	if (ret == -ETIMEDOUT && res.fence)
+		engine_recover(gpu, res.fence);
 
 	job.fence = res.fence;
 	job.status = res.status;
@@ -597,6 +690,62 @@ static const struct file_operations p2plab_gpu_fops = {
 	.mmap = p2plab_gpu_mmap,
 };
 
+/* ---- sysfs: recovery counters and the device's VRAM error report ---- */
+
+static ssize_t engine_resets_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->engine_resets));
+}
+static DEVICE_ATTR_RO(engine_resets);
+
+static ssize_t irq_recoveries_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->irq_recoveries));
+}
+static DEVICE_ATTR_RO(irq_recoveries);
+
+/* REG_VRAM_ERR_COUNT, or -ENODEV once the device is gone. */
+static ssize_t vram_errors_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+	ssize_t ret = -ENODEV;
+
+	down_read(&gpu->hw_lock);
+	if (!gpu->dead)
+		ret = sysfs_emit(buf, "%u\n", readl(gpu->regs + REG_VRAM_ERR_COUNT));
+	up_read(&gpu->hw_lock);
+	return ret;
+}
+static DEVICE_ATTR_RO(vram_errors);
+
+/* REG_VRAM_ERR_ADDR: VRAM offset of the most recent error's first bad byte. */
+static ssize_t vram_error_addr_show(struct device *dev, struct device_attribute *attr,
+				    char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+	ssize_t ret = -ENODEV;
+
+	down_read(&gpu->hw_lock);
+	if (!gpu->dead)
+		ret = sysfs_emit(buf, "%#llx\n", readq(gpu->regs + REG_VRAM_ERR_ADDR));
+	up_read(&gpu->hw_lock);
+	return ret;
+}
+static DEVICE_ATTR_RO(vram_error_addr);
+
+static struct attribute *p2plab_gpu_attrs[] = {
+	&dev_attr_engine_resets.attr,
+	&dev_attr_irq_recoveries.attr,
+	&dev_attr_vram_errors.attr,
+	&dev_attr_vram_error_addr.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(p2plab_gpu);
+
 /* ---- PCI driver ---- */
 
 static void p2plab_gpu_release_dev(struct device *dev)
@@ -693,6 +842,7 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	gpu->dev.parent = &pdev->dev;
 	gpu->dev.devt = MKDEV(MAJOR(p2plab_gpu_devt), gpu->id);
 	gpu->dev.release = p2plab_gpu_release_dev;
+	gpu->dev.groups = p2plab_gpu_groups;
 	dev_set_drvdata(&gpu->dev, gpu);
 	ret = dev_set_name(&gpu->dev, "p2plab-gpu%d", gpu->id);
 	if (ret)

@@ -42,6 +42,8 @@
 #define REG_INT_MASK		0x054	/* 1 = masked */
 #define REG_JOBS_COMPLETED	0x060
 #define REG_JOBS_FAILED		0x064
+#define REG_VRAM_ERR_COUNT	0x068
+#define REG_VRAM_ERR_ADDR	0x070	/* 64-bit */
 
 #define STATUS_READY		(1u << 0)
 #define STATUS_RING_ENABLED	(1u << 1)

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use p2plab_dma::GuestMemory;
+use p2plab_fault::GpuInjector;
 
 use crate::register_file::RegisterFile;
 use crate::stats::Stats;
@@ -51,6 +52,9 @@ pub(crate) struct Device {
     pub stats: Stats,
     pub memory: Arc<dyn GuestMemory>,
     pub irq: Arc<dyn InterruptSink>,
+    /// Armed fault injections; its own lock, never taken while waiting
+    /// on [`Self::wake`].
+    faults: Mutex<GpuInjector>,
 }
 
 impl Device {
@@ -63,6 +67,7 @@ impl Device {
             stats: Stats::default(),
             memory,
             irq,
+            faults: Mutex::new(GpuInjector::default()),
         }
     }
 
@@ -72,6 +77,12 @@ impl Device {
         self.registers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The armed fault injections.
+    pub fn faults(&self) -> MutexGuard<'_, GpuInjector> {
+        // Plain data, as for the register file.
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits on [`Self::wake`].
@@ -91,5 +102,7 @@ impl Device {
     /// engine cannot fetch from the old ring state with the new generation.
     pub fn abandon_job_in_flight(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
+        // An engine holding an injected hang waits for this.
+        self.wake.notify_all();
     }
 }

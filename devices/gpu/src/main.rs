@@ -9,10 +9,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
-use p2plab_gpu::{gpu_function, GpuIds, StatsReader, Vram};
+use p2plab_gpu::{check_spec, gpu_function, FaultControl, GpuFaultSpec, GpuIds, StatsReader, Vram};
+use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::{info, info_span};
@@ -50,6 +51,65 @@ struct Args {
     /// PCI subsystem ID (hex); defaults to the device ID.
     #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
     subsystem_id: Option<u16>,
+    /// Arm a fault injection from the start (repeatable), as
+    /// `p2plab-ctl inject` takes it: `job-error=0x06,count=1[,opcode=fill]`,
+    /// `hang,count=1`, `drop-irq,count=1`, `vram-error=0x100000-0x1fffff`.
+    /// See README "Breaking things on purpose".
+    #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
+    injections: Vec<GpuFaultSpec>,
+}
+
+fn parse_fault(text: &str) -> Result<GpuFaultSpec, String> {
+    let spec: GpuFaultSpec = text
+        .parse()
+        .map_err(|e: p2plab_gpu::SpecError| e.to_string())?;
+    check_spec(&spec)?;
+    Ok(spec)
+}
+
+/// Answers the control socket for the device.
+struct GpuControl {
+    faults: FaultControl,
+    stats: StatsReader,
+    dma: DmaSpace,
+}
+
+impl ControlHandler for GpuControl {
+    fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
+        match request {
+            ControlRequest::Status => {
+                let mut value: serde_json::Value =
+                    serde_json::from_str(&stats_json(&self.stats, &self.dma))
+                        .map_err(|e| e.to_string())?;
+                if let Some(object) = value.as_object_mut() {
+                    let faults =
+                        serde_json::to_value(self.faults.report()).map_err(|e| e.to_string())?;
+                    object.insert("faults".into(), faults);
+                    let registers: serde_json::Map<String, serde_json::Value> = self
+                        .faults
+                        .registers()
+                        .into_iter()
+                        .map(|(name, value)| (name.to_owned(), value.into()))
+                        .collect();
+                    object.insert("registers".into(), registers.into());
+                }
+                Ok(value)
+            }
+            ControlRequest::Inject { spec } => {
+                let spec = parse_fault(spec)?;
+                let id = self.faults.inject(spec)?;
+                Ok(serde_json::json!({ "id": id, "spec": spec.to_string() }))
+            }
+            ControlRequest::Clear => {
+                self.faults.clear();
+                Ok(serde_json::json!({}))
+            }
+            ControlRequest::Reset => {
+                self.faults.reset();
+                Ok(serde_json::json!({}))
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -71,6 +131,24 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let mut function = gpu_function(&ids, vram, Arc::new(dma.clone()))?;
     function.model_mut().serve_vram_locally(dma.clone());
     let stats = function.model().gpu().stats_reader();
+    let faults = function.model().gpu().fault_control();
+    for spec in &args.injections {
+        faults.inject(*spec).map_err(|e| anyhow!("--inject: {e}"))?;
+    }
+    let _control = ControlServer::start(
+        &args.server.control_path(),
+        Arc::new(GpuControl {
+            faults,
+            stats: stats.clone(),
+            dma: dma.clone(),
+        }),
+    )
+    .map_err(|e| {
+        anyhow!(
+            "--control-socket {}: {e}",
+            args.server.control_path().display()
+        )
+    })?;
 
     let server = Server::new(args.server.server_config(), dma.clone())?;
     let running = launch.start(&server, Arc::new(move || stats_json(&stats, &dma)))?;

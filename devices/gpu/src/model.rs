@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use p2plab_dma::GuestMemory;
+use p2plab_fault::{ArmedReport, GpuAction, GpuFaultSpec};
 
 use crate::device::{BusMaster, Device, InterruptSink};
 use crate::engine::Engine;
 use crate::register_file::{AfterWrite, RegisterFile};
-use crate::regs::{Reg, REGS_BAR_SIZE};
+use crate::regs::{Access, Reg, REGS_BAR_SIZE};
 use crate::stats::{Stats, StatsSnapshot};
+use crate::status::StatusCode;
 use crate::vram::Vram;
 
 /// Reads the device's counters from any thread.
@@ -35,6 +37,77 @@ impl StatsReader {
         let allocated = vram.allocated_bytes().unwrap_or(0);
         self.0.stats.snapshot(vram.size(), allocated)
     }
+}
+
+/// A handle to the device's fault injections (and reset) that another
+/// thread, the control socket's, can use while the transport owns the
+/// device.
+#[derive(Clone)]
+pub struct FaultControl(Arc<Device>);
+
+impl std::fmt::Debug for FaultControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultControl").finish_non_exhaustive()
+    }
+}
+
+impl FaultControl {
+    /// Arms `spec`; returns its ID. Refuses a `job-error` code that is not
+    /// one of the device's command errors (0x01..=0x06), naming it.
+    pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
+        check_spec(&spec)?;
+        let id = self.0.faults().arm(spec);
+        tracing::info!(id, %spec, "fault armed");
+        Ok(id)
+    }
+
+    /// Disarms every injection, VRAM error ranges included.
+    pub fn clear(&self) {
+        self.0.faults().clear();
+        tracing::info!("faults cleared");
+    }
+
+    /// The armed injections and how often each fired.
+    pub fn report(&self) -> Vec<ArmedReport> {
+        self.0.faults().report()
+    }
+
+    /// Every BAR0 register by name, as the guest would read it now (the
+    /// write-only DOORBELL left out).
+    pub fn registers(&self) -> Vec<(&'static str, u64)> {
+        let vram_size = self.0.vram.size();
+        let regs = self.0.lock();
+        Reg::ALL
+            .iter()
+            .filter(|reg| reg.access() != Access::WriteOnly)
+            .map(|&reg| (reg.name(), regs.read(reg, vram_size)))
+            .collect()
+    }
+
+    /// What a function-level reset does (see [`Gpu::reset`]).
+    pub fn reset(&self) {
+        reset_device(&self.0);
+    }
+}
+
+/// Checks what the spec grammar cannot: that an injected job error is a
+/// status code a command can retire with.
+pub fn check_spec(spec: &GpuFaultSpec) -> Result<(), String> {
+    if let GpuAction::JobError { code } = spec.action {
+        let ok = StatusCode::from_code(code.into()).is_some_and(StatusCode::is_command_error);
+        if !ok {
+            let codes: Vec<String> = StatusCode::ALL
+                .iter()
+                .filter(|s| s.is_command_error())
+                .map(|s| format!("{:#04x} {}", s.code(), s.name()))
+                .collect();
+            return Err(format!(
+                "job-error={code:#04x}: not a command error status ({})",
+                codes.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The GPU-like device: BAR0 registers, BAR2 VRAM and the engine thread.
@@ -117,6 +190,16 @@ impl Gpu {
         StatsReader(Arc::clone(&self.device))
     }
 
+    /// A handle to arm and clear fault injections from another thread.
+    pub fn fault_control(&self) -> FaultControl {
+        FaultControl(Arc::clone(&self.device))
+    }
+
+    /// Arms a fault injection (see [`FaultControl::inject`]).
+    pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
+        self.fault_control().inject(spec)
+    }
+
     /// A trapped BAR0 read of any size; reads have no side effects, so a
     /// read of odd size or alignment is assembled from the dwords it
     /// covers. Reserved offsets read 0, bytes past the BAR 0xff.
@@ -181,18 +264,22 @@ impl Gpu {
     /// abandoned. VRAM keeps its contents, as on real boards. Bus mastering
     /// is config space, so the PCI layer reports it via `set_bus_master`.
     pub fn reset(&self) {
-        let mut regs = self.device.lock();
-        self.device.abandon_job_in_flight();
-        let fresh = RegisterFile {
-            bus_master_enabled: regs.bus_master_enabled,
-            engine_holds_job: regs.engine_holds_job,
-            shutdown: regs.shutdown,
-            ..RegisterFile::new()
-        };
-        *regs = fresh;
-        Stats::add(&self.device.stats.resets, 1);
-        tracing::info!("device reset");
+        reset_device(&self.device);
     }
+}
+
+fn reset_device(device: &Device) {
+    let mut regs = device.lock();
+    device.abandon_job_in_flight();
+    let fresh = RegisterFile {
+        bus_master_enabled: regs.bus_master_enabled,
+        engine_holds_job: regs.engine_holds_job,
+        shutdown: regs.shutdown,
+        ..RegisterFile::new()
+    };
+    *regs = fresh;
+    Stats::add(&device.stats.resets, 1);
+    tracing::info!("device reset");
 }
 
 /// The dword at a dword-aligned BAR0 offset (0 if reserved).

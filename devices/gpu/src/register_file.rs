@@ -26,6 +26,8 @@ pub(crate) struct RegisterFile {
     pub halted: bool,
     pub jobs_completed: u32,
     pub jobs_failed: u32,
+    pub vram_err_count: u32,
+    pub vram_err_addr: u64,
     /// Bus Master Enable in the PCI command register.
     pub bus_master_enabled: bool,
     /// The engine holds a fetched command it has not retired yet.
@@ -64,6 +66,8 @@ impl RegisterFile {
             halted: false,
             jobs_completed: 0,
             jobs_failed: 0,
+            vram_err_count: 0,
+            vram_err_addr: 0,
             bus_master_enabled: false,
             engine_holds_job: false,
             interrupt_pending: false,
@@ -100,6 +104,13 @@ impl RegisterFile {
         if causes.without(self.int_mask) != IntCauses::empty() {
             self.interrupt_pending = true;
         }
+    }
+
+    /// Latches `causes` in INT_STATUS without sending an interrupt (an
+    /// injected lost MSI-X): the driver only learns of them by polling, or
+    /// with the next interrupt.
+    pub fn latch_without_interrupt(&mut self, causes: IntCauses) {
+        self.int_status |= causes;
     }
 
     /// Stops the engine on a ring-level error.
@@ -157,6 +168,8 @@ impl RegisterFile {
             Reg::IntMask => self.int_mask.raw().into(),
             Reg::JobsCompleted => self.jobs_completed.into(),
             Reg::JobsFailed => self.jobs_failed.into(),
+            Reg::VramErrCount => self.vram_err_count.into(),
+            Reg::VramErrAddr => self.vram_err_addr,
         }
     }
 
@@ -205,7 +218,9 @@ impl RegisterFile {
             | Reg::Fence
             | Reg::Checksum
             | Reg::JobsCompleted
-            | Reg::JobsFailed => {
+            | Reg::JobsFailed
+            | Reg::VramErrCount
+            | Reg::VramErrAddr => {
                 tracing::debug!(
                     reg = reg.name(),
                     value,

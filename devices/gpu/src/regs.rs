@@ -224,6 +224,11 @@ registers! {
     JobsCompleted = 0x060, "JOBS_COMPLETED", Bits32, ReadOnly;
     /// Commands retired with an error status (wrapping).
     JobsFailed = 0x064, "JOBS_FAILED", Bits32, ReadOnly;
+    /// VRAM errors the engine reported (reads of a bad VRAM range that
+    /// failed a job with VRAM_IO), wrapping; cleared by reset.
+    VramErrCount = 0x068, "VRAM_ERR_COUNT", Bits32, ReadOnly;
+    /// VRAM offset of the first bad byte of the most recent VRAM error.
+    VramErrAddr = 0x070, "VRAM_ERR_ADDR", Bits64, ReadOnly;
 }
 
 impl Reg {

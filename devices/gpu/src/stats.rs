@@ -77,6 +77,14 @@ counters! {
     resets,
     /// Trapped register accesses with a size or alignment the device does not support.
     bad_register_accesses,
+    /// Jobs retired with an injected error status (`job-error`).
+    injected_job_errors,
+    /// Jobs the engine held without retiring (`hang`).
+    injected_hangs,
+    /// Interrupts not sent (`drop-irq`).
+    dropped_interrupts,
+    /// Jobs failed by an injected VRAM error range (`vram-error`).
+    vram_errors,
 }
 
 impl Stats {
@@ -101,7 +109,7 @@ mod tests {
         assert!(json.contains("\"jobs_completed\":0"));
         assert!(json.contains("\"vram_size\":1073741824"));
         assert!(json.contains("\"vram_allocated_bytes\":8192"));
-        assert_eq!(json.matches(':').count(), 14);
+        assert_eq!(json.matches(':').count(), 18);
         let more = stats
             .snapshot(0, 0)
             .to_json_with(&[("dma_message_write_bytes", 7)]);

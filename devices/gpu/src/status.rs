@@ -70,6 +70,20 @@ status_codes! {
     BadTail = 0x14, "ERR_BAD_TAIL", "tail beyond ring size";
 }
 
+impl StatusCode {
+    /// The code with this number, if the device has one.
+    pub fn from_code(code: u32) -> Option<StatusCode> {
+        StatusCode::ALL.iter().copied().find(|s| s.code() == code)
+    }
+
+    /// Whether a command can retire with it (an error that is not a ring
+    /// error and not the record-write failure, which only ENGINE_ERROR
+    /// reports).
+    pub fn is_command_error(self) -> bool {
+        (0x01..0x07).contains(&self.code())
+    }
+}
+
 impl std::fmt::Display for StatusCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:#04x} ({})", self.code(), self.meaning())

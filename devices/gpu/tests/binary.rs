@@ -44,6 +44,9 @@ fn bad_flags_are_refused_naming_the_flag() {
         (vec!["--vram-size", "lots"], "--vram-size"),
         (vec!["--vendor-id", "0x12345"], "--vendor-id"),
         (vec!["--device-id", "0xffff"], "--device-id"),
+        (vec!["--inject", "explode"], "--inject"),
+        (vec!["--inject", "job-error=0x10"], "--inject"),
+        (vec!["--inject", "hang,lba=1-2"], "--inject"),
     ] {
         let out = Command::new(BIN)
             .args(["--socket", "/nonexistent/x.sock"])
@@ -111,5 +114,63 @@ fn large_vram_keeps_rss_low_and_sigterm_exits_cleanly() {
     assert!(log.contains("p2plab-gpu starting"), "{log}");
     assert!(log.contains("signal received"), "{log}");
     assert!(log.contains("p2plab-gpu exiting"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The control socket of a running server: armed `--inject` specs show in
+/// `status` with the registers, `inject` refuses a bad spec naming it,
+/// `clear` disarms, `reset` resets. Catches a GPU server whose control
+/// socket is missing or ignores its requests.
+#[test]
+fn control_socket_arms_lists_clears_and_resets() {
+    use p2plab_server::control::{request, ControlRequest};
+    let dir = temp_dir("ctl");
+    let socket = dir.join("gpu0.sock");
+    let ctl = dir.join("gpu0.ctl");
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--vram-size", "256M", "--inject", "hang,count=1"])
+        .args(["--log-level", "warn"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("control socket", || ctl.exists());
+    let status = request(&ctl, &ControlRequest::Status).unwrap();
+    assert_eq!(status["faults"][0]["spec"], "hang,count=1", "{status}");
+    assert_eq!(status["faults"][0]["remaining"], 1, "{status}");
+    assert_eq!(status["registers"]["ID"], 0x5032_4750, "{status}");
+    assert_eq!(status["registers"]["VRAM_SIZE"], 256u64 << 20, "{status}");
+    let armed = request(
+        &ctl,
+        &ControlRequest::Inject {
+            spec: "vram-error=4096-8191".into(),
+        },
+    )
+    .unwrap();
+    assert_eq!(armed["spec"], "vram-error=0x1000-0x1fff", "{armed}");
+    let err = request(
+        &ctl,
+        &ControlRequest::Inject {
+            spec: "drop-irq,cnt=1".into(),
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().starts_with("cnt=1:"), "{err}");
+    let status = request(&ctl, &ControlRequest::Status).unwrap();
+    assert_eq!(
+        status["faults"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    request(&ctl, &ControlRequest::Clear).unwrap();
+    request(&ctl, &ControlRequest::Reset).unwrap();
+    let status = request(&ctl, &ControlRequest::Status).unwrap();
+    assert_eq!(status["faults"], serde_json::json!([]), "{status}");
+    assert_eq!(status["resets"], 1, "{status}");
+    // SAFETY: kill(2) on the child we spawned and still own.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(child.wait().unwrap().success());
+    assert!(!ctl.exists(), "control socket removed");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -155,22 +155,36 @@ static const char *status_name(uint32_t status)
 	}
 }
 
-/* Runs one job; on failure prints why and exits with the matching code. */
-static void run_job(int fd, struct p2plab_gpu_job *job)
+/* Submits one job; 0 or the errno of the failed ioctl. */
+static int submit_job(int fd, struct p2plab_gpu_job *job)
 {
 	job->timeout_ms = timeout_ms;
 	job->flags |= job_flags;
-	if (ioctl(fd, P2PLAB_GPU_IOC_SUBMIT, job) == 0)
-		return;
-	switch (errno) {
+	return ioctl(fd, P2PLAB_GPU_IOC_SUBMIT, job) ? errno : 0;
+}
+
+/* Prints why a job failed with @err and exits with the matching code. */
+__attribute__((noreturn))
+static void job_failed(const struct p2plab_gpu_job *job, int err)
+{
+	switch (err) {
 	case EIO:
 		die(EXIT_DEVICE, "device error status %#x (%s), fence %" PRIu64, job->status,
 		    status_name(job->status), (uint64_t)job->fence);
 	case ETIMEDOUT:
 		die(EXIT_TIMEOUT, "job timed out (fence %" PRIu64 ")", (uint64_t)job->fence);
 	default:
-		die(EXIT_SYSTEM, "submit: %s", strerror(errno));
+		die(EXIT_SYSTEM, "submit: %s", strerror(err));
 	}
+}
+
+/* Runs one job; on failure prints why and exits with the matching code. */
+static void run_job(int fd, struct p2plab_gpu_job *job)
+{
+	int err = submit_job(fd, job);
+
+	if (err)
+		job_failed(job, err);
 }
 
 static int cmd_info(int fd)
@@ -315,10 +329,15 @@ static int cmd_raw(int fd, int argc, char **argv)
 		.pattern = argc > 4 ? (uint32_t)parse_num("PATTERN", argv[4]) : 0,
 	};
 
-	run_job(fd, &job);
+	/* A device error status is this command's answer, not a failure to
+	 * report: print it the same way, then exit with EXIT_DEVICE. */
+	int err = submit_job(fd, &job);
+
+	if (err && err != EIO)
+		job_failed(&job, err);
 	printf("status %#x result %08x fence %" PRIu64 "\n", job.status, job.result,
 	       (uint64_t)job.fence);
-	return 0;
+	return job.status ? EXIT_DEVICE : 0;
 }
 
 /* Maps [off, off+len) of VRAM; returns the pointer to off. */

@@ -11,6 +11,7 @@ pub mod opcodes;
 use std::sync::Arc;
 
 use p2plab_dma::{DmaFault, DmaFaultKind};
+use p2plab_fault::GpuDecision;
 
 use crate::command::{Command, CommandFlags, Completion, COMMAND_SIZE};
 use crate::device::{BusMaster, Device};
@@ -18,7 +19,13 @@ use crate::regs::{IntCauses, ENGINE_VECTOR};
 use crate::stats::Stats;
 use crate::status::StatusCode;
 
-use opcodes::{CommandResult, OpcodeSpec};
+use opcodes::{CommandResult, OpcodeSpec, Operand};
+
+/// The status an injected `job-error=CODE` retires with; the code was
+/// checked when the spec was armed ([`crate::Gpu::inject`]).
+fn injected_status(code: u8) -> Option<StatusCode> {
+    StatusCode::from_code(code.into()).filter(|s| s.is_command_error())
+}
 
 /// What a command came to.
 pub(crate) enum Outcome {
@@ -172,7 +179,29 @@ impl Engine {
         };
         let cmd = Command::decode(&raw);
         let spec = opcodes::lookup(cmd.opcode);
-        let (status, result) = match self.execute(&cmd, spec, taken.bus_master) {
+        let decision = {
+            let mut faults = self.device.faults();
+            if faults.is_idle() {
+                GpuDecision::default()
+            } else {
+                faults.decide(cmd.opcode)
+            }
+        };
+        let outcome = if decision.hang {
+            self.hang(&cmd)
+        } else if let Some(status) = decision.error.and_then(injected_status) {
+            Stats::add(&self.device.stats.injected_job_errors, 1);
+            tracing::warn!(
+                op = opcodes::name_of(cmd.opcode),
+                fence = cmd.fence,
+                status = status.code(),
+                "injected job error"
+            );
+            Outcome::failed(status)
+        } else {
+            self.execute(&cmd, spec, taken.bus_master)
+        };
+        let (status, result) = match outcome {
             Outcome::Done { status, result } => (status, result),
             Outcome::Abandoned => {
                 let op = opcodes::name_of(cmd.opcode);
@@ -182,7 +211,49 @@ impl Engine {
             }
         };
         let record = self.write_record(&cmd, status, result, taken.bus_master);
-        self.retire(&cmd, spec, status, result, record);
+        self.retire(&cmd, spec, status, result, record, decision.drop_interrupt);
+    }
+
+    /// An injected hang: holds the job (STATUS.BUSY stays set) until a
+    /// ring disable or reset abandons it, as a wedged engine would.
+    fn hang(&self, cmd: &Command) -> Outcome {
+        Stats::add(&self.device.stats.injected_hangs, 1);
+        tracing::warn!(
+            op = opcodes::name_of(cmd.opcode),
+            fence = cmd.fence,
+            "injected hang: job held until the ring is disabled or the device reset"
+        );
+        let mut regs = self.device.lock();
+        while !self.abandoned() && !regs.shutdown {
+            regs = self.device.wait(regs);
+        }
+        Outcome::Abandoned
+    }
+
+    /// A read of VRAM that an injected error range covers: latches the
+    /// address in the VRAM error registers.
+    fn vram_read_error(&self, cmd: &Command, spec: &OpcodeSpec) -> Option<StatusCode> {
+        if spec.src != Operand::VramOffset {
+            return None;
+        }
+        let bad = {
+            let mut faults = self.device.faults();
+            if faults.is_idle() {
+                return None;
+            }
+            faults.vram_error(cmd.src, cmd.len)?
+        };
+        Stats::add(&self.device.stats.vram_errors, 1);
+        let mut regs = self.device.lock();
+        regs.vram_err_count = regs.vram_err_count.wrapping_add(1);
+        regs.vram_err_addr = bad;
+        tracing::warn!(
+            op = spec.name,
+            fence = cmd.fence,
+            vram_offset = bad,
+            "injected VRAM error"
+        );
+        Some(StatusCode::VramIo)
     }
 
     fn fetch(&self, taken: &TakenEntry) -> Result<[u8; Command::SIZE], StatusCode> {
@@ -229,6 +300,9 @@ impl Engine {
         if let Err(status) = spec.check_operands(cmd, &self.device.vram, bus_master_enabled) {
             return Outcome::failed(status);
         }
+        if let Some(status) = self.vram_read_error(cmd, spec) {
+            return Outcome::failed(status);
+        }
         (spec.handler)(self, cmd)
     }
 
@@ -269,6 +343,7 @@ impl Engine {
         status: StatusCode,
         result: u32,
         record: RecordWrite,
+        drop_interrupt: bool,
     ) {
         let stats = &self.device.stats;
         let mut regs = self.device.lock();
@@ -313,6 +388,12 @@ impl Engine {
         if cmd.flags.contains(CommandFlags::IRQ) {
             causes |= IntCauses::FENCE;
         }
-        regs.raise_interrupt(causes);
+        if drop_interrupt {
+            Stats::add(&stats.dropped_interrupts, 1);
+            tracing::warn!(op, fence = cmd.fence, "injected lost interrupt");
+            regs.latch_without_interrupt(causes);
+        } else {
+            regs.raise_interrupt(causes);
+        }
     }
 }

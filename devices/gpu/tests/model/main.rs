@@ -6,6 +6,7 @@ mod rig;
 
 mod command_errors;
 mod commands;
+mod faults;
 mod fences;
 mod registers;
 mod reset;

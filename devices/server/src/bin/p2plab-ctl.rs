@@ -16,7 +16,8 @@ use p2plab_server::control::{request, request_over_port, ControlRequest};
         p2plab-ctl runs/latest/nvme0.ctl status --json\n  \
         p2plab-ctl runs/latest/nvme0.ctl inject timeout,count=1,opcode=read\n  \
         p2plab-ctl runs/latest/nvme0.ctl inject media-error:lba=100-199\n  \
-        p2plab-ctl runs/latest/nvme0.ctl clear"
+        p2plab-ctl runs/latest/nvme0.ctl clear\n  \
+        p2plab-ctl runs/latest/gpu0.ctl inject hang,count=1,opcode=checksum"
 )]
 struct Args {
     /// On the host: the server's control socket (`NAME.ctl` in the run
