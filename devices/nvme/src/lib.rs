@@ -63,6 +63,7 @@ mod io;
 mod queues;
 mod state;
 mod table;
+mod trace;
 mod worker;
 
 #[cfg(any(test, feature = "testing"))]

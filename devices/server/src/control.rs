@@ -43,13 +43,48 @@ pub enum ControlRequest {
     Clear,
     /// Function-level reset of the device (what FLR does).
     Reset,
+    /// Switches the decoded trace on (`true`) or off (`false`), or only
+    /// reports it (no `on`). The reply is `{"on":..,"path":..,"events":..}`.
+    Trace {
+        /// The new state; absent to only ask.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        on: Option<bool>,
+    },
 }
 
 /// What a device does with control requests. Errors are messages for the
 /// user (the spec's bad field, say).
 pub trait ControlHandler: Send + Sync + 'static {
-    /// Answers one request.
+    /// Answers one request. `trace` requests are answered from
+    /// [`tracer`](Self::tracer) and never reach this.
     fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String>;
+
+    /// The device's trace recorder, if it has one.
+    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+        None
+    }
+}
+
+/// Answers `request`: `trace` from the handler's tracer, the rest by the
+/// handler.
+fn answer(
+    handler: &dyn ControlHandler,
+    request: &ControlRequest,
+) -> Result<serde_json::Value, String> {
+    let ControlRequest::Trace { on } = request else {
+        return handler.handle(request);
+    };
+    let tracer = handler
+        .tracer()
+        .ok_or_else(|| "this device has no trace".to_string())?;
+    match on {
+        Some(true) => tracer
+            .enable()
+            .map_err(|e| format!("switching the trace on: {e}"))?,
+        Some(false) => tracer.disable(),
+        None => {}
+    }
+    Ok(tracer.status().to_json())
 }
 
 /// A reply line.
@@ -189,7 +224,7 @@ fn serve(stream: UnixStream, handler: &dyn ControlHandler) -> io::Result<()> {
             ));
         }
         let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
-            Ok(request) => match handler.handle(&request) {
+            Ok(request) => match answer(handler, &request) {
                 Ok(result) => Reply {
                     ok: true,
                     result: Some(result),
