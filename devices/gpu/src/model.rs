@@ -199,6 +199,11 @@ impl Gpu {
         StatsReader(Arc::clone(&self.device))
     }
 
+    /// The device's trace recorder (off until switched on).
+    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.device.trace
+    }
+
     /// A handle to arm and clear fault injections from another thread.
     pub fn fault_control(&self) -> FaultControl {
         FaultControl(Arc::clone(&self.device))
