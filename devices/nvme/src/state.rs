@@ -270,6 +270,16 @@ impl ControllerState {
         let mut faults = crate::lock(&self.faults);
         let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
         faults.note_media_error(nsid, lba);
+        self.trace.record("fault", || {
+            serde_json::json!({
+                "name": "media-error",
+                "nsid": nsid,
+                "slba": slba,
+                "nlb": blocks,
+                "bad_lba": lba,
+                "injected": true,
+            })
+        });
         Some(lba)
     }
 

@@ -41,17 +41,7 @@ pub(crate) fn command(
     event.insert("sqid".into(), sqid.into());
     event.insert("cid".into(), cmd.cid().into());
     event.insert("nsid".into(), cmd.nsid().into());
-    if sqid != 0
-        && matches!(
-            cmd.opcode(),
-            io_op::READ | io_op::WRITE | io_op::COMPARE | io_op::WRITE_ZEROES | io_op::VERIFY
-        )
-    {
-        if let Ok(rw) = ReadWrite::parse(cmd) {
-            event.insert("slba".into(), rw.slba.into());
-            event.insert("nlb".into(), rw.blocks().into());
-        }
-    }
+    insert_blocks(&mut event, sqid, cmd);
     let moves_data = table
         .find(cmd.opcode())
         .is_ok_and(|row| !matches!(row.data, DataTransfer::None));
@@ -64,6 +54,35 @@ pub(crate) fn command(
         event.insert("injected".into(), true.into());
     }
     Value::Object(event)
+}
+
+/// SLBA and NLB (as a count of blocks) of the NVM commands that address
+/// blocks.
+fn insert_blocks(event: &mut Map<String, Value>, sqid: u16, cmd: &Command) {
+    if sqid != 0
+        && matches!(
+            cmd.opcode(),
+            io_op::READ | io_op::WRITE | io_op::COMPARE | io_op::WRITE_ZEROES | io_op::VERIFY
+        )
+    {
+        if let Ok(rw) = ReadWrite::parse(cmd) {
+            event.insert("slba".into(), rw.slba.into());
+            event.insert("nlb".into(), rw.blocks().into());
+        }
+    }
+}
+
+/// A `cmd` event for a command held by an injected `timeout` that an
+/// Abort ended (it never ran, so it has no latency).
+pub(crate) fn held_aborted(sqid: u16, cid: u16, opcode: u8) -> Value {
+    json!({
+        "name": table(sqid).name(opcode),
+        "opcode": hex(u64::from(opcode)),
+        "sqid": sqid,
+        "cid": cid,
+        "status": crate::spec::Status::ABORT_REQUESTED.name(),
+        "injected": true,
+    })
 }
 
 /// Where an address lives, for the data pointer summary.
@@ -143,14 +162,15 @@ pub(crate) fn fault(sqid: u16, cmd: &Command, d: &Decision) -> Value {
     if let Some(range) = d.corrupt {
         effects.push(format!("corrupt {range:?}"));
     }
-    json!({
-        "name": table(sqid).name(cmd.opcode()),
-        "opcode": hex(u64::from(cmd.opcode())),
-        "sqid": sqid,
-        "cid": cmd.cid(),
-        "nsid": cmd.nsid(),
-        "effects": effects,
-        "fired": d.fired,
-        "injected": true,
-    })
+    let mut event = Map::new();
+    event.insert("name".into(), table(sqid).name(cmd.opcode()).into());
+    event.insert("opcode".into(), hex(u64::from(cmd.opcode())).into());
+    event.insert("sqid".into(), sqid.into());
+    event.insert("cid".into(), cmd.cid().into());
+    event.insert("nsid".into(), cmd.nsid().into());
+    insert_blocks(&mut event, sqid, cmd);
+    event.insert("effects".into(), effects.into());
+    event.insert("fired".into(), d.fired.into());
+    event.insert("injected".into(), true.into());
+    Value::Object(event)
 }

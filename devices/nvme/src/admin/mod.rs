@@ -197,6 +197,9 @@ fn abort(cx: &mut CommandContext<'_>, f: Abort) -> CommandResult {
             state.interrupt(&held.cq);
             state.stats.commands_aborted.fetch_add(1, Ordering::Relaxed);
             info!(sqid = f.sqid, cid = f.cid, "held command aborted");
+            state.trace.record("cmd", || {
+                crate::trace::held_aborted(f.sqid, f.cid, held.opcode)
+            });
             return Ok(Outcome::with_result(0));
         }
         return Ok(Outcome::with_result(1));
