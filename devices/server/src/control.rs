@@ -410,6 +410,52 @@ mod tests {
         );
     }
 
+    /// A device with a trace.
+    struct Traced(p2plab_trace::Tracer);
+
+    impl ControlHandler for Traced {
+        fn handle(&self, _: &ControlRequest) -> Result<serde_json::Value, String> {
+            Err("only trace here".into())
+        }
+
+        fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+            Some(&self.0)
+        }
+    }
+
+    /// Catches a `trace` request that does not reach the device's tracer,
+    /// or a device without one that answers as if it had.
+    #[test]
+    fn trace_requests_switch_the_tracer() {
+        let path = temp_path("t.ctl");
+        let file = temp_path("t.trace.jsonl");
+        let _ = std::fs::remove_file(&file);
+        let handler = Arc::new(Traced(p2plab_trace::Tracer::new()));
+        let server = ControlServer::start(&path, handler.clone()).unwrap();
+        let on = |on| request(&path, &ControlRequest::Trace { on });
+        let err = on(Some(true)).unwrap_err().to_string();
+        assert!(err.contains("no trace file configured"), "{err}");
+        handler.0.configure(&file, "dev0");
+        let reply = on(Some(true)).unwrap();
+        assert_eq!(reply["on"], true);
+        assert_eq!(reply["path"], file.display().to_string());
+        assert!(handler.0.on());
+        assert_eq!(on(None).unwrap()["on"], true, "asking changes nothing");
+        assert_eq!(on(Some(false)).unwrap()["on"], false);
+        assert!(!handler.0.on());
+        assert_eq!(
+            serde_json::to_string(&ControlRequest::Trace { on: None }).unwrap(),
+            r#"{"cmd":"trace"}"#
+        );
+        drop(server);
+        let plain = temp_path("p.ctl");
+        let server = ControlServer::start(&plain, Arc::new(Recorder::default())).unwrap();
+        let err = request(&plain, &ControlRequest::Trace { on: Some(true) }).unwrap_err();
+        assert_eq!(err.to_string(), "this device has no trace");
+        drop(server);
+        std::fs::remove_file(&file).unwrap();
+    }
+
     #[test]
     fn refuses_to_replace_a_regular_file() {
         let path = temp_path("plain");

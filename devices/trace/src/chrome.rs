@@ -47,6 +47,9 @@ pub fn convert(files: &[(String, Vec<Value>)]) -> Result<Value, String> {
                 clock = Some((pid, device, wall));
                 continue;
             }
+            if event["kind"] == "trace-stop" {
+                continue;
+            }
             let Some((pid, device, wall)) = &clock else {
                 return Err(format!(
                     "{name}: line {}: event before any trace-start header",
@@ -150,6 +153,7 @@ mod tests {
         let gpu = vec![
             header("gpu0", 20, 1_002_000),
             json!({"kind": "job", "name": "COPY", "t_ns": 500, "dur_ns": 100}),
+            json!({"kind": "trace-stop", "t_ns": 900}),
         ];
         let doc = convert(&[("a".into(), nvme), ("b".into(), gpu)]).unwrap();
         let events = doc["traceEvents"].as_array().unwrap();

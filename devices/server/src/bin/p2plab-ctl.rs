@@ -76,7 +76,7 @@ enum OnOff {
 
 /// Prints the events appended to the trace file at `path`, forever.
 fn follow(path: &Path, from_start: bool, json: bool) -> anyhow::Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
+    use std::io::{Read, Seek, SeekFrom, Write};
     let mut file = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("opening the trace {}: {e}", path.display()))?;
     if !from_start {
@@ -98,13 +98,18 @@ fn follow(path: &Path, from_start: bool, json: bool) -> anyhow::Result<()> {
             if text.is_empty() {
                 continue;
             }
-            if json {
-                println!("{text}");
+            let shown = if json {
+                text.to_string()
             } else {
                 match serde_json::from_str::<serde_json::Value>(text) {
-                    Ok(event) => println!("{}", p2plab_trace::human(&event)),
-                    Err(_) => println!("(unreadable line) {text}"),
+                    Ok(event) => p2plab_trace::human(&event),
+                    Err(_) => format!("(unreadable line) {text}"),
                 }
+            };
+            // A closed pipe (`| head`) ends the follow quietly.
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{shown}").and_then(|()| out.flush()).is_err() {
+                return Ok(());
             }
         }
     }
@@ -196,10 +201,13 @@ fn main() -> ExitCode {
                         eprintln!("p2plab-ctl: {}: no trace file", path.display());
                         return ExitCode::FAILURE;
                     };
-                    if let Err(e) = follow(Path::new(trace), from_start, args.json) {
-                        eprintln!("p2plab-ctl: {e}");
-                        return ExitCode::FAILURE;
-                    }
+                    return match follow(Path::new(trace), from_start, args.json) {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => {
+                            eprintln!("p2plab-ctl: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
                 } else if follow_from.is_some() {
                     eprintln!("p2plab-ctl: --follow reads the trace file, which is on the host");
                     return ExitCode::FAILURE;
