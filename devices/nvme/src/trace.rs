@@ -72,19 +72,6 @@ fn insert_blocks(event: &mut Map<String, Value>, sqid: u16, cmd: &Command) {
     }
 }
 
-/// A `cmd` event for a command held by an injected `timeout` that an
-/// Abort ended (it never ran, so it has no latency).
-pub(crate) fn held_aborted(sqid: u16, cid: u16, opcode: u8) -> Value {
-    json!({
-        "name": table(sqid).name(opcode),
-        "opcode": hex(u64::from(opcode)),
-        "sqid": sqid,
-        "cid": cid,
-        "status": crate::spec::Status::ABORT_REQUESTED.name(),
-        "injected": true,
-    })
-}
-
 /// Where an address lives, for the data pointer summary.
 fn pointer(state: &ControllerState, addr: u64, len: u64) -> Value {
     json!({"addr": hex(addr), "at": state.mem.locate(addr, len)})
