@@ -159,6 +159,9 @@ say IRQ_READ_MS $(( $(now_ms) - t0 ))
 say IRQ_READ_OK "$([ "$got" = "$(pat_md5 625)" ] && echo 1 || echo 0)"
 say IRQ_POLLED "$(dmesg | grep -c 'timeout, completion polled')"
 signal done-irq
+# The host clears its injections after each phase; arming ours before that
+# clear would lose them.
+wait_host cleared-irq
 
 # --- 5. the guest arms a fault itself, through its virtio-serial port -------------
 p2plab-ctl nvme0 inject 'status=0x281,dnr,count=1,opcode=read,lba=6000-6007' > /run/p2plab/guest-inject.out 2>&1
@@ -256,6 +259,8 @@ fn linux_recovers_from_injected_nvme_faults() {
             assert_eq!(reply["on"], false, "{reply}");
         }
         clear(&ctl);
+        lab.write_guest_file(&format!("cleared-{name}"), "")
+            .expect("signalling the guest");
         (before, after)
     };
 
