@@ -42,6 +42,14 @@
 //!    `get-error-injection` reads the entry back. Catches: the OCP feature
 //!    not reaching the injector, or not being replaced.
 //!
+//! 7. The decoded trace is on (through the control socket) during the
+//!    timeout phase: nvme0.trace.jsonl, parsed, holds the injected hang
+//!    (marked injected, on the Read of LBA 2048), Linux's Abort, the held
+//!    Read ended with Command Abort Requested, and the retried Read
+//!    succeeding with its data pointer in guest RAM. Catches: a trace that
+//!    cannot be switched on at run time, an unmarked injected fault,
+//!    commands under the wrong name or without their fields.
+//!
 //! Every reaction is counted exactly in dmesg (no timeout, reset or WARN
 //! that the test did not ask for) and in the server's counters (`status`
 //! on the control socket).
@@ -151,6 +159,9 @@ say IRQ_READ_MS $(( $(now_ms) - t0 ))
 say IRQ_READ_OK "$([ "$got" = "$(pat_md5 625)" ] && echo 1 || echo 0)"
 say IRQ_POLLED "$(dmesg | grep -c 'timeout, completion polled')"
 signal done-irq
+# The host clears its injections after each phase; arming ours before that
+# clear would lose them.
+wait_host cleared-irq
 
 # --- 5. the guest arms a fault itself, through its virtio-serial port -------------
 p2plab-ctl nvme0 inject 'status=0x281,dnr,count=1,opcode=read,lba=6000-6007' > /run/p2plab/guest-inject.out 2>&1
@@ -228,6 +239,12 @@ fn linux_recovers_from_injected_nvme_faults() {
         lab.wait_guest_file(&format!("ready-{name}"), PHASE_TIMEOUT)
             .unwrap_or_else(|e| panic!("{e:#}"));
         let before = status(&ctl);
+        let traced = name == "timeout";
+        if traced {
+            let reply = request(&ctl, &ControlRequest::Trace { on: Some(true) })
+                .unwrap_or_else(|e| panic!("trace on: {e:#}"));
+            assert_eq!(reply["on"], true, "{reply}");
+        }
         for spec in specs {
             inject(&ctl, spec);
         }
@@ -236,7 +253,14 @@ fn linux_recovers_from_injected_nvme_faults() {
         lab.wait_guest_file(&format!("done-{name}"), PHASE_TIMEOUT)
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
+        if traced {
+            let reply = request(&ctl, &ControlRequest::Trace { on: Some(false) })
+                .unwrap_or_else(|e| panic!("trace off: {e:#}"));
+            assert_eq!(reply["on"], false, "{reply}");
+        }
         clear(&ctl);
+        lab.write_guest_file(&format!("cleared-{name}"), "")
+            .expect("signalling the guest");
         (before, after)
     };
 
@@ -330,6 +354,57 @@ fn linux_recovers_from_injected_nvme_faults() {
     );
     assert_eq!(fact("TIMEOUT_RESETS"), "0", "{}", guest("the abort failed"));
     assert_eq!(fact("TIMEOUT_VERIFY"), "1");
+
+    // 7. The trace of the timeout phase, decoded.
+    let trace_path = run_dir.join("nvme0.trace.jsonl");
+    let trace_text = std::fs::read_to_string(&trace_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", trace_path.display()));
+    let events = p2plab_trace::parse_lines(&trace_text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(events[0]["kind"], "trace-start");
+    assert_eq!(events[0]["device"], "nvme0");
+    let held: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "fault" && e["injected"] == true)
+        .collect();
+    assert_eq!(held.len(), 1, "one injected fault in the phase: {held:?}");
+    assert_eq!(held[0]["name"], "Read");
+    assert_eq!(held[0]["effects"][0], "hang");
+    let held_slba = held[0]["slba"].as_u64().expect("slba");
+    let held_end = held_slba + held[0]["nlb"].as_u64().expect("nlb");
+    assert!(
+        held_slba <= 2048 && held_end > 2048,
+        "the held read covers LBA 2048: {}",
+        held[0]
+    );
+    let cmds: Vec<&Value> = events.iter().filter(|e| e["kind"] == "cmd").collect();
+    assert!(
+        cmds.iter().any(|c| c["name"] == "Abort"
+            && c["sqid"] == 0
+            && c["status"] == "Successful Completion"),
+        "Linux's Abort is traced"
+    );
+    assert!(
+        cmds.iter().any(|c| c["name"] == "Read"
+            && c["cid"] == held[0]["cid"]
+            && c["sqid"] == held[0]["sqid"]
+            && c["status"] == "Command Abort Requested"
+            && c["injected"] == true),
+        "the held read ends aborted"
+    );
+    let retried = cmds
+        .iter()
+        .find(|c| {
+            c["name"] == "Read"
+                && c["status"] == "Successful Completion"
+                && c["slba"].as_u64() == Some(held_slba)
+        })
+        .unwrap_or_else(|| panic!("no successful retry of LBA {held_slba} in the trace"));
+    assert_eq!(retried["data"]["prp1"]["at"], "ram", "{retried}");
+    assert!(retried["dur_ns"].as_u64().is_some(), "{retried}");
+    assert_eq!(
+        events.last().map(|e| &e["kind"]),
+        Some(&Value::from("trace-stop"))
+    );
 
     // 1b. A failed Abort → second timeout → controller reset → retry.
     assert_eq!(

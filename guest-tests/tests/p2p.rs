@@ -12,6 +12,11 @@
 //! rmmod/modprobe or a function reset (every step's status is checked, and
 //! `guest-smoke.sh` runs all its checks: device-reported errors, timeouts,
 //! a file open across unbind, parallel submitters), and kernel warnings;
+//! The N2G step is traced on both devices (switched from the guest with
+//! `p2plab-ctl ID trace on`): the test fails on NVMe Reads whose data
+//! pointer is not placed in the peer BAR, GPU jobs missing from the
+//! trace, or a Chrome timeline whose clocks do not line up (the checksum
+//! before the last Read that filled its bytes).
 //! `nvme_to_nvme_through_a_cmb` fails on a CMB that is not published or
 //! that corrupts data in flight, and on a server that does not serve its
 //! own CMB locally; `separate_root_ports_refuse_p2p` fails when the kernel
@@ -46,9 +51,14 @@ sed -n 3p $gpu/resource | { read start end flags; echo "GPU_BAR2_START=$start"; 
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=64 2>/dev/null
 dd if=/tmp/pattern of=$ns bs=1M oflag=direct 2>/dev/null
 echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
+# Both devices trace this transfer, switched from inside the guest.
+p2plab-ctl nvme0 trace on >/dev/null; echo "TRACE_ON_NVME0=$?"
+p2plab-ctl gpu0 trace on >/dev/null; echo "TRACE_ON_GPU0=$?"
 p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 64M --chunk 1M \
   --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/n2g.crc' \
   > /run/p2plab/n2g.out 2>&1; echo "N2G_STATUS=$?"
+p2plab-ctl nvme0 trace off >/dev/null; echo "TRACE_OFF_NVME0=$?"
+p2plab-ctl gpu0 trace off >/dev/null; echo "TRACE_OFF_GPU0=$?"
 sed 's/^/N2G_/' /run/p2plab/n2g.out
 echo "N2G_GPU_CRC=$(cat /run/p2plab/n2g.crc)"
 
@@ -187,6 +197,94 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
     assert_eq!(run.fact_u64("N2G_BYTES"), 64 << 20);
     run.expect("N2G_GPU_CRC", run.fact("PATTERN_CRC"));
 
+    // The decoded traces of that transfer, switched on from the guest:
+    // NVMe Reads whose data pointer lies in the GPU's BAR2 (a peer BAR),
+    // GPU checksum jobs on VRAM, and one Chrome timeline with both devices
+    // where the checksum follows the last Read that filled its bytes.
+    for fact in [
+        "TRACE_ON_NVME0",
+        "TRACE_ON_GPU0",
+        "TRACE_OFF_NVME0",
+        "TRACE_OFF_GPU0",
+    ] {
+        run.expect(fact, "0");
+    }
+    let (bar2_start, bar2_end) = (run.fact_u64("GPU_BAR2_START"), run.fact_u64("GPU_BAR2_END"));
+    let traces: Vec<(String, Vec<Value>)> = ["nvme0", "gpu0"]
+        .iter()
+        .map(|id| {
+            let path = run.run_dir().join(format!("{id}.trace.jsonl"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let events = p2plab_trace::parse_lines(&text).unwrap_or_else(|e| panic!("{id}: {e}"));
+            (id.to_string(), events)
+        })
+        .collect();
+    let hex = |v: &Value| {
+        v.as_str()
+            .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+    };
+    let peer_reads: Vec<&Value> = traces[0]
+        .1
+        .iter()
+        .filter(|e| {
+            e["kind"] == "cmd"
+                && e["name"] == "Read"
+                && e["data"]["prp1"]["at"] == "peer-bar"
+                && hex(&e["data"]["prp1"]["addr"])
+                    .is_some_and(|a| (bar2_start..=bar2_end).contains(&a))
+        })
+        .collect();
+    let peer_bytes: u64 = peer_reads
+        .iter()
+        .map(|e| e["nlb"].as_u64().unwrap_or(0) * 512)
+        .sum();
+    assert!(
+        peer_bytes >= 64 << 20,
+        "traced Reads into GPU BAR2 cover {peer_bytes} bytes of 64 MiB"
+    );
+    assert!(peer_reads
+        .iter()
+        .all(|e| e["status"] == "Successful Completion"));
+    let checksums: Vec<&Value> = traces[1]
+        .1
+        .iter()
+        .filter(|e| e["kind"] == "job" && e["name"] == "CHECKSUM")
+        .collect();
+    // The hook checksums the whole 64 MiB once the reads are done.
+    let checksummed: u64 = checksums.iter().filter_map(|j| j["len"].as_u64()).sum();
+    assert!(
+        checksummed >= 64 << 20,
+        "checksum jobs traced over {checksummed} bytes"
+    );
+    assert!(checksums
+        .iter()
+        .all(|j| j["src"]["at"] == "own-vram" && j["status"] == "STATUS_OK"));
+    let timeline = p2plab_trace::chrome::convert(&traces).unwrap_or_else(|e| panic!("{e}"));
+    let events = timeline["traceEvents"].as_array().expect("traceEvents");
+    let process = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["name"] == "process_name" && e["args"]["name"] == name)
+            .map(|e| e["pid"].clone())
+            .unwrap_or_else(|| panic!("no {name} process in the timeline"))
+    };
+    let (nvme_pid, gpu_pid) = (process("nvme0"), process("gpu0"));
+    let last_read_end = events
+        .iter()
+        .filter(|e| e["pid"] == nvme_pid && e["ph"] == "X" && e["name"] == "Read")
+        .filter_map(|e| Some(e["ts"].as_f64()? + e["dur"].as_f64()?))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let first_checksum = events
+        .iter()
+        .filter(|e| e["pid"] == gpu_pid && e["ph"] == "X" && e["name"] == "CHECKSUM")
+        .filter_map(|e| e["ts"].as_f64())
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        last_read_end.is_finite() && first_checksum >= last_read_end,
+        "the checksum ({first_checksum} us) follows the last Read ({last_read_end} us)"
+    );
+
     // Thousands of 4 KiB transfers, two threads.
     run.expect("SMALL_STATUS", "0");
     assert_eq!(run.fact_u64("SMALL_IOS"), 4096);
@@ -217,7 +315,6 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         "{nvme}"
     );
     // The debug log names the addresses: those bytes landed inside BAR2.
-    let (bar2_start, bar2_end) = (run.fact_u64("GPU_BAR2_START"), run.fact_u64("GPU_BAR2_END"));
     let log = run.file("nvme0.log");
     let into_bar2 = message_dma_bytes_in(&log, "write", bar2_start, bar2_end);
     let from_bar2 = message_dma_bytes_in(&log, "read", bar2_start, bar2_end);

@@ -63,6 +63,10 @@ impl GuestMemory for BusMasterGate {
         self.check(addr, data.len())?;
         self.inner.write(addr, data)
     }
+
+    fn locate(&self, addr: u64, len: u64) -> crate::BusTarget {
+        self.inner.locate(addr, len)
+    }
 }
 
 #[cfg(test)]

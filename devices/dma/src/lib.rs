@@ -53,6 +53,46 @@ pub trait GuestMemory: Send + Sync {
     fn write_u32(&self, addr: u64, value: u32) -> Result<(), DmaFault> {
         self.write(addr, &value.to_le_bytes())
     }
+
+    /// Where `[addr, addr+len)` lives, for traces. Moves no data; an
+    /// implementation that cannot tell says [`BusTarget::Unknown`].
+    fn locate(&self, addr: u64, len: u64) -> BusTarget {
+        let _ = (addr, len);
+        BusTarget::Unknown
+    }
+}
+
+/// What answers at a bus address, as far as the memory a model holds can
+/// tell (the trace's "where each data pointer lives").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusTarget {
+    /// Guest RAM (memory the client shared with an fd).
+    Ram,
+    /// Memory reached only by messages through the client: a peer
+    /// device's BAR.
+    PeerBar,
+    /// One of this device's own BARs (its CMB, PMR or VRAM).
+    Own,
+    /// Nothing is mapped there.
+    Unmapped,
+    /// The range spans several kinds.
+    Mixed,
+    /// The memory cannot tell.
+    Unknown,
+}
+
+impl BusTarget {
+    /// Its name in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            BusTarget::Ram => "ram",
+            BusTarget::PeerBar => "peer-bar",
+            BusTarget::Own => "own-bar",
+            BusTarget::Unmapped => "unmapped",
+            BusTarget::Mixed => "mixed",
+            BusTarget::Unknown => "unknown",
+        }
+    }
 }
 
 impl<T: GuestMemory + ?Sized> GuestMemory for Arc<T> {
@@ -63,6 +103,10 @@ impl<T: GuestMemory + ?Sized> GuestMemory for Arc<T> {
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
         (**self).write(addr, data)
     }
+
+    fn locate(&self, addr: u64, len: u64) -> BusTarget {
+        (**self).locate(addr, len)
+    }
 }
 
 impl<T: GuestMemory + ?Sized> GuestMemory for &T {
@@ -72,5 +116,9 @@ impl<T: GuestMemory + ?Sized> GuestMemory for &T {
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
         (**self).write(addr, data)
+    }
+
+    fn locate(&self, addr: u64, len: u64) -> BusTarget {
+        (**self).locate(addr, len)
     }
 }

@@ -45,6 +45,14 @@ impl GuestMemory for FakeGuestMemory {
         let (region, offset) = self.find(addr, data.len())?;
         region.write(offset, data)
     }
+
+    /// Its regions stand for guest RAM.
+    fn locate(&self, addr: u64, len: u64) -> crate::BusTarget {
+        match usize::try_from(len.max(1)).map(|len| self.find(addr, len)) {
+            Ok(Ok(_)) => crate::BusTarget::Ram,
+            _ => crate::BusTarget::Unmapped,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use p2plab_vfio_user::{DmaError, DmaSpace, SharedMemory};
+use p2plab_vfio_user::{DmaError, DmaSpace, DmaTarget, SharedMemory};
 
-use crate::{DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
+use crate::{BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
 
 /// The fault kind a transport error amounts to, as the device sees it.
 /// Every variant is listed, so a new one must be placed here.
@@ -51,6 +51,16 @@ impl GuestMemory for DmaSpace {
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
         DmaSpace::write(self, addr, data).map_err(|e| fault(addr, data.len(), e))
+    }
+
+    fn locate(&self, addr: u64, len: u64) -> BusTarget {
+        match self.classify(addr, len) {
+            DmaTarget::GuestMemory => BusTarget::Ram,
+            DmaTarget::MessageOnly => BusTarget::PeerBar,
+            DmaTarget::Local(_) => BusTarget::Own,
+            DmaTarget::Unmapped => BusTarget::Unmapped,
+            DmaTarget::Mixed => BusTarget::Mixed,
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Device {
     /// Armed fault injections; its own lock, never taken while waiting
     /// on [`Self::wake`].
     faults: Mutex<GpuInjector>,
+    /// The decoded trace (off unless switched on).
+    pub trace: p2plab_trace::Tracer,
 }
 
 impl Device {
@@ -68,6 +70,7 @@ impl Device {
             memory,
             irq,
             faults: Mutex::new(GpuInjector::default()),
+            trace: p2plab_trace::Tracer::new(),
         }
     }
 

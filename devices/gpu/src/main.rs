@@ -108,7 +108,13 @@ impl ControlHandler for GpuControl {
                 self.faults.reset();
                 Ok(serde_json::json!({}))
             }
+            // Answered by the control server from `tracer`.
+            ControlRequest::Trace { .. } => Err("trace is not handled here".into()),
         }
+    }
+
+    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+        Some(self.faults.tracer())
     }
 }
 
@@ -132,6 +138,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     function.model_mut().serve_vram_locally(dma.clone());
     let stats = function.model().gpu().stats_reader();
     let faults = function.model().gpu().fault_control();
+    args.server.configure_tracer(faults.tracer())?;
     for spec in &args.injections {
         faults.inject(*spec).map_err(|e| anyhow!("--inject: {e}"))?;
     }

@@ -86,7 +86,16 @@ impl FaultControl {
 
     /// What a function-level reset does (see [`Gpu::reset`]).
     pub fn reset(&self) {
+        self.0.trace.record(
+            "reset",
+            || serde_json::json!({"name": "control-socket reset", "injected": true}),
+        );
         reset_device(&self.0);
+    }
+
+    /// The device's trace recorder (off until switched on).
+    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.0.trace
     }
 }
 
@@ -190,6 +199,11 @@ impl Gpu {
         StatsReader(Arc::clone(&self.device))
     }
 
+    /// The device's trace recorder (off until switched on).
+    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.device.trace
+    }
+
     /// A handle to arm and clear fault injections from another thread.
     pub fn fault_control(&self) -> FaultControl {
         FaultControl(Arc::clone(&self.device))
@@ -280,6 +294,9 @@ fn reset_device(device: &Device) {
     *regs = fresh;
     Stats::add(&device.stats.resets, 1);
     tracing::info!("device reset");
+    device
+        .trace
+        .record("reset", || serde_json::json!({"name": "device reset"}));
 }
 
 /// The dword at a dword-aligned BAR0 offset (0 if reserved).

@@ -82,6 +82,10 @@ impl<M: GuestMemory> GuestMemory for GatedMemory<M> {
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
         self.inner.write(addr, data)
     }
+
+    fn locate(&self, addr: u64, len: u64) -> p2plab_dma::BusTarget {
+        self.inner.locate(addr, len)
+    }
 }
 
 /// Counts interrupts and notes any vector other than [`ENGINE_VECTOR`].

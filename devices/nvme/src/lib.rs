@@ -35,7 +35,8 @@
 //! 8. `io`: the NVM I/O command table and its handlers
 //! 9. `admin`: the admin command table and its handlers (it reads the I/O
 //!    table for the Commands Supported and Effects log)
-//! 10. `worker`: fetch, dispatch through a table, complete
+//! 10. `trace`: decoding commands and injected faults into trace events;
+//!     `worker`: fetch, dispatch through a table, complete
 //! 11. [`controller`]: the register front-end; it hands the state the
 //!     worker's body, so handlers that create queues never import the
 //!     worker
@@ -63,6 +64,7 @@ mod io;
 mod queues;
 mod state;
 mod table;
+mod trace;
 mod worker;
 
 #[cfg(any(test, feature = "testing"))]

@@ -171,7 +171,13 @@ impl ControlHandler for NvmeControl {
                 c.surprise_reset();
                 Ok(serde_json::json!({}))
             }
+            // Answered by the control server from `tracer`.
+            ControlRequest::Trace { .. } => Err("trace is not handled here".into()),
         }
+    }
+
+    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+        Some(self.controller.tracer())
     }
 }
 
@@ -313,6 +319,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
             other => anyhow!(other),
         })?;
     let controller = Arc::clone(function.model().controller());
+    args.server.configure_tracer(controller.tracer())?;
     for spec in &args.injections {
         controller.inject(*spec);
     }

@@ -132,6 +132,22 @@ impl DmaRouter {
         self.cmb.span().map(|(base, _, _)| base)
     }
 
+    /// Where `[addr, addr+len)` lives, for traces: `own-cmb`, `own-pmr`,
+    /// or what the guest memory says (`ram`, `peer-bar`, ...).
+    pub fn locate(&self, addr: u64, len: u64) -> &'static str {
+        let inside = |w: &Window| {
+            w.span()
+                .is_some_and(|(base, end, _)| addr >= base && addr < end)
+        };
+        if inside(&self.cmb) {
+            "own-cmb"
+        } else if inside(&self.pmr) {
+            "own-pmr"
+        } else {
+            self.guest.locate(addr, len).name()
+        }
+    }
+
     /// The CMB offset of `addr` when it lies inside the decoded CMB.
     pub fn cmb_offset(&self, addr: u64) -> Option<u64> {
         let (base, end, _) = self.cmb.span()?;

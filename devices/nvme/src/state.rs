@@ -157,6 +157,8 @@ pub(crate) struct ControllerState {
     /// Workers of queues a reset removed, until someone joins them
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The decoded trace (off unless switched on).
+    pub trace: p2plab_trace::Tracer,
 }
 
 /// How long a function reset waits for a worker that is not in the
@@ -197,6 +199,7 @@ impl ControllerState {
             cfg,
             queue_worker,
             stopped_workers: Mutex::new(Vec::new()),
+            trace: p2plab_trace::Tracer::new(),
         }
     }
 
@@ -211,6 +214,10 @@ impl ControllerState {
     /// CSTS.CFS: a fatal error that no completion can report.
     pub fn set_fatal(&self, why: &str) {
         error!("controller fatal status: {why}");
+        self.trace.record(
+            "cfs",
+            || serde_json::json!({"name": "CSTS.CFS", "why": why}),
+        );
         self.fatal.store(true, Ordering::Release);
     }
 
@@ -263,6 +270,16 @@ impl ControllerState {
         let mut faults = crate::lock(&self.faults);
         let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
         faults.note_media_error(nsid, lba);
+        self.trace.record("fault", || {
+            serde_json::json!({
+                "name": "media-error",
+                "nsid": nsid,
+                "slba": slba,
+                "nlb": blocks,
+                "bad_lba": lba,
+                "injected": true,
+            })
+        });
         Some(lba)
     }
 
@@ -488,6 +505,10 @@ impl ControllerState {
     pub fn interrupt(&self, cq: &CompletionQueue) {
         if cq.irq_enabled {
             self.stats.interrupts.fetch_add(1, Ordering::Relaxed);
+            self.trace.record(
+                "irq",
+                || serde_json::json!({"cqid": cq.id, "vector": cq.vector}),
+            );
             self.irq.notify(cq.vector);
         }
     }

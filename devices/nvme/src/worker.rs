@@ -147,6 +147,9 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
             }
         };
         note_completion(&state, sq.id, &cmd, &completion, started);
+        state.trace.record_span("cmd", started, || {
+            crate::trace::command(&state, sq.id, &cmd, &completion, fault.status.is_some())
+        });
         match cq.post(
             &state.mem,
             &state.stats,
@@ -164,6 +167,9 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
                     .interrupts_dropped
                     .fetch_add(1, Ordering::Relaxed);
                 info!(cid = cmd.cid(), "injected: interrupt dropped");
+                state.trace.record("irq-dropped", || {
+                    serde_json::json!({"cqid": cq.id, "vector": cq.vector, "cid": cmd.cid(), "injected": true})
+                });
                 continue;
             }
             Ok(()) if !fault.interrupt_delay.is_zero() => {
@@ -266,6 +272,9 @@ fn apply_fault(
         ?fault,
         "injected fault fires"
     );
+    state
+        .trace
+        .record("fault", || crate::trace::fault(sq.id, cmd, fault));
     sleep_unless_stopped(sq, fault.latency);
     if fault.internal_error {
         // On purpose: the same unwind a handler bug takes, so the worker

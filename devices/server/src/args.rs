@@ -66,6 +66,16 @@ pub struct ServerArgs {
     /// 0600. Default: the --socket path with the extension .ctl.
     #[arg(long, value_name = "PATH", display_order = AFTER_DEVICE_FLAGS + 8)]
     pub control_socket: Option<PathBuf>,
+
+    /// Record the decoded trace from the start (`p2plab-ctl SOCKET trace
+    /// on|off` switches it at run time).
+    #[arg(long, display_order = AFTER_DEVICE_FLAGS + 9)]
+    pub trace: bool,
+
+    /// Where the trace goes, as JSON lines. Default: the --socket path
+    /// with the extension .trace.jsonl.
+    #[arg(long, value_name = "PATH", display_order = AFTER_DEVICE_FLAGS + 10)]
+    pub trace_file: Option<PathBuf>,
 }
 
 /// An octal file mode of at most 0777 ("0600", "600" or "0o600").
@@ -96,6 +106,26 @@ impl ServerArgs {
         self.control_socket
             .clone()
             .unwrap_or_else(|| crate::control::default_control_path(&self.socket))
+    }
+
+    /// Where the trace goes (`--trace-file`, else next to `--socket`).
+    pub fn trace_path(&self) -> PathBuf {
+        self.trace_file
+            .clone()
+            .unwrap_or_else(|| p2plab_trace::default_trace_path(&self.socket))
+    }
+
+    /// Points `tracer` at [`trace_path`](Self::trace_path), named after
+    /// the socket, and switches it on with `--trace`.
+    pub fn configure_tracer(&self, tracer: &p2plab_trace::Tracer) -> anyhow::Result<()> {
+        let path = self.trace_path();
+        tracer.configure(&path, &p2plab_trace::device_name(&self.socket));
+        if self.trace {
+            tracer
+                .enable()
+                .map_err(|e| anyhow::anyhow!("--trace-file {}: {e}", path.display()))?;
+        }
+        Ok(())
     }
 
     /// `--stats-interval-ms`, at least 10 ms so a typo cannot turn the
@@ -221,6 +251,8 @@ mod tests {
             "--allow-uid",
             "--record-session",
             "--control-socket",
+            "--trace",
+            "--trace-file",
             "--help",
         ]
         .iter()

@@ -43,13 +43,48 @@ pub enum ControlRequest {
     Clear,
     /// Function-level reset of the device (what FLR does).
     Reset,
+    /// Switches the decoded trace on (`true`) or off (`false`), or only
+    /// reports it (no `on`). The reply is `{"on":..,"path":..,"events":..}`.
+    Trace {
+        /// The new state; absent to only ask.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        on: Option<bool>,
+    },
 }
 
 /// What a device does with control requests. Errors are messages for the
 /// user (the spec's bad field, say).
 pub trait ControlHandler: Send + Sync + 'static {
-    /// Answers one request.
+    /// Answers one request. `trace` requests are answered from
+    /// [`tracer`](Self::tracer) and never reach this.
     fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String>;
+
+    /// The device's trace recorder, if it has one.
+    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+        None
+    }
+}
+
+/// Answers `request`: `trace` from the handler's tracer, the rest by the
+/// handler.
+fn answer(
+    handler: &dyn ControlHandler,
+    request: &ControlRequest,
+) -> Result<serde_json::Value, String> {
+    let ControlRequest::Trace { on } = request else {
+        return handler.handle(request);
+    };
+    let tracer = handler
+        .tracer()
+        .ok_or_else(|| "this device has no trace".to_string())?;
+    match on {
+        Some(true) => tracer
+            .enable()
+            .map_err(|e| format!("switching the trace on: {e}"))?,
+        Some(false) => tracer.disable(),
+        None => {}
+    }
+    Ok(tracer.status().to_json())
 }
 
 /// A reply line.
@@ -189,7 +224,7 @@ fn serve(stream: UnixStream, handler: &dyn ControlHandler) -> io::Result<()> {
             ));
         }
         let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
-            Ok(request) => match handler.handle(&request) {
+            Ok(request) => match answer(handler, &request) {
                 Ok(result) => Reply {
                     ok: true,
                     result: Some(result),
@@ -373,6 +408,52 @@ mod tests {
             default_control_path(Path::new("/run/x/nvme0.sock")),
             PathBuf::from("/run/x/nvme0.ctl")
         );
+    }
+
+    /// A device with a trace.
+    struct Traced(p2plab_trace::Tracer);
+
+    impl ControlHandler for Traced {
+        fn handle(&self, _: &ControlRequest) -> Result<serde_json::Value, String> {
+            Err("only trace here".into())
+        }
+
+        fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
+            Some(&self.0)
+        }
+    }
+
+    /// Catches a `trace` request that does not reach the device's tracer,
+    /// or a device without one that answers as if it had.
+    #[test]
+    fn trace_requests_switch_the_tracer() {
+        let path = temp_path("t.ctl");
+        let file = temp_path("t.trace.jsonl");
+        let _ = std::fs::remove_file(&file);
+        let handler = Arc::new(Traced(p2plab_trace::Tracer::new()));
+        let server = ControlServer::start(&path, handler.clone()).unwrap();
+        let on = |on| request(&path, &ControlRequest::Trace { on });
+        let err = on(Some(true)).unwrap_err().to_string();
+        assert!(err.contains("no trace file configured"), "{err}");
+        handler.0.configure(&file, "dev0");
+        let reply = on(Some(true)).unwrap();
+        assert_eq!(reply["on"], true);
+        assert_eq!(reply["path"], file.display().to_string());
+        assert!(handler.0.on());
+        assert_eq!(on(None).unwrap()["on"], true, "asking changes nothing");
+        assert_eq!(on(Some(false)).unwrap()["on"], false);
+        assert!(!handler.0.on());
+        assert_eq!(
+            serde_json::to_string(&ControlRequest::Trace { on: None }).unwrap(),
+            r#"{"cmd":"trace"}"#
+        );
+        drop(server);
+        let plain = temp_path("p.ctl");
+        let server = ControlServer::start(&plain, Arc::new(Recorder::default())).unwrap();
+        let err = request(&plain, &ControlRequest::Trace { on: Some(true) }).unwrap_err();
+        assert_eq!(err.to_string(), "this device has no trace");
+        drop(server);
+        std::fs::remove_file(&file).unwrap();
     }
 
     #[test]

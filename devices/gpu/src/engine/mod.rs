@@ -9,6 +9,7 @@ mod handlers;
 pub mod opcodes;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use p2plab_dma::{DmaFault, DmaFaultKind};
 use p2plab_fault::GpuDecision;
@@ -151,6 +152,9 @@ impl Engine {
             };
             if notify {
                 Stats::add(&self.device.stats.interrupts, 1);
+                self.device
+                    .trace
+                    .record("irq", || serde_json::json!({"vector": ENGINE_VECTOR}));
                 self.device.irq.notify(ENGINE_VECTOR);
             }
             if let Some(taken) = taken {
@@ -165,6 +169,7 @@ impl Engine {
     }
 
     fn process(&mut self, taken: TakenEntry) {
+        let started = Instant::now();
         self.generation = taken.generation;
         let raw = match self.fetch(&taken) {
             Ok(raw) => raw,
@@ -187,6 +192,21 @@ impl Engine {
                 faults.decide(cmd.opcode)
             }
         };
+        if decision.fired > 0 {
+            self.device.trace.record("fault", || {
+                serde_json::json!({
+                    "name": opcodes::name_of(cmd.opcode),
+                    "opcode": p2plab_trace::hex(cmd.opcode.into()),
+                    "fence": cmd.fence,
+                    "error": decision.error,
+                    "hang": decision.hang,
+                    "drop_interrupt": decision.drop_interrupt,
+                    "fired": decision.fired,
+                    "injected": true,
+                })
+            });
+        }
+        let injected = decision.fired > 0;
         let outcome = if decision.hang {
             self.hang(&cmd)
         } else if let Some(status) = decision.error.and_then(injected_status) {
@@ -206,12 +226,52 @@ impl Engine {
             Outcome::Abandoned => {
                 let op = opcodes::name_of(cmd.opcode);
                 tracing::info!(op, fence = cmd.fence, "job abandoned");
+                self.device.trace.record_span("job", started, || {
+                    self.job_event(&cmd, spec, "abandoned", injected)
+                });
                 self.device.lock().engine_holds_job = false;
                 return;
             }
         };
         let record = self.write_record(&cmd, status, result, taken.bus_master);
+        self.device.trace.record_span("job", started, || {
+            self.job_event(&cmd, spec, status.name(), injected)
+        });
         self.retire(&cmd, spec, status, result, record, decision.drop_interrupt);
+    }
+
+    /// A `job` event: the command by opcode name, its operands with where
+    /// each lives, and how it ended.
+    fn job_event(
+        &self,
+        cmd: &Command,
+        spec: Option<&OpcodeSpec>,
+        status: &str,
+        injected: bool,
+    ) -> serde_json::Value {
+        let operand = |kind: Option<Operand>, value: u64| match kind {
+            Some(Operand::VramOffset) => {
+                serde_json::json!({"vram_offset": p2plab_trace::hex(value), "at": "own-vram"})
+            }
+            Some(Operand::BusAddress) => serde_json::json!({
+                "addr": p2plab_trace::hex(value),
+                "at": self.device.memory.locate(value, cmd.len).name(),
+            }),
+            _ => serde_json::Value::Null,
+        };
+        let mut event = serde_json::json!({
+            "name": opcodes::name_of(cmd.opcode),
+            "opcode": p2plab_trace::hex(cmd.opcode.into()),
+            "fence": cmd.fence,
+            "len": cmd.len,
+            "src": operand(spec.map(|s| s.src), cmd.src),
+            "dst": operand(spec.map(|s| s.dst), cmd.dst),
+            "status": status,
+        });
+        if injected {
+            event["injected"] = true.into();
+        }
+        event
     }
 
     /// An injected hang: holds the job (STATUS.BUSY stays set) until a
@@ -391,6 +451,9 @@ impl Engine {
         if drop_interrupt {
             Stats::add(&stats.dropped_interrupts, 1);
             tracing::warn!(op, fence = cmd.fence, "injected lost interrupt");
+            self.device.trace.record("irq-dropped", || {
+                serde_json::json!({"vector": ENGINE_VECTOR, "fence": cmd.fence, "injected": true})
+            });
             regs.latch_without_interrupt(causes);
         } else {
             regs.raise_interrupt(causes);

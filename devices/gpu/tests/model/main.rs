@@ -12,3 +12,4 @@ mod registers;
 mod reset;
 mod ring_errors;
 mod robustness;
+mod trace;

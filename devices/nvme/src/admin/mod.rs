@@ -197,6 +197,23 @@ fn abort(cx: &mut CommandContext<'_>, f: Abort) -> CommandResult {
             state.interrupt(&held.cq);
             state.stats.commands_aborted.fetch_add(1, Ordering::Relaxed);
             info!(sqid = f.sqid, cid = f.cid, "held command aborted");
+            // The held command's end, for the trace (it never ran, so it
+            // has no latency).
+            state.trace.record("cmd", || {
+                let table = if f.sqid == 0 {
+                    &ADMIN_COMMANDS
+                } else {
+                    &crate::io::IO_COMMANDS
+                };
+                serde_json::json!({
+                    "name": table.name(held.opcode),
+                    "opcode": p2plab_trace::hex(u64::from(held.opcode)),
+                    "sqid": f.sqid,
+                    "cid": f.cid,
+                    "status": Status::ABORT_REQUESTED.name(),
+                    "injected": true,
+                })
+            });
             return Ok(Outcome::with_result(0));
         }
         return Ok(Outcome::with_result(1));

@@ -112,6 +112,13 @@ impl NvmeController {
             "register write"
         );
         let state = &self.state;
+        state.trace.record("reg-write", || {
+            serde_json::json!({
+                "name": reg::name(offset),
+                "offset": p2plab_trace::hex(offset),
+                "value": p2plab_trace::hex(u64::from(value)),
+            })
+        });
         let has_cmb = state.cfg.cmb_size > 0;
         let has_pmr = state.cfg.pmr_size > 0;
         let mut regs = crate::lock(&state.regs);

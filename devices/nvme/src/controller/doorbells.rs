@@ -60,6 +60,10 @@ impl NvmeController {
                     return;
                 }
                 trace!(cqid = qid, head = value, "CQ head doorbell");
+                state.trace.record(
+                    "doorbell",
+                    || serde_json::json!({"name": "CQ head", "cqid": qid, "value": value}),
+                );
                 cq.head.store(value, Ordering::Release);
                 cq.space.notify();
             }
@@ -77,6 +81,10 @@ impl NvmeController {
                     return;
                 }
                 trace!(sqid = qid, tail = value, "SQ tail doorbell");
+                state.trace.record(
+                    "doorbell",
+                    || serde_json::json!({"name": "SQ tail", "sqid": qid, "value": value}),
+                );
                 sq.tail.store(value, Ordering::Release);
                 sq.wake.notify();
             }

@@ -199,6 +199,9 @@ impl NvmeController {
         {
             let mut regs = crate::lock(&state.regs);
             info!("controller function reset");
+            state
+                .trace
+                .record("reset", || serde_json::json!({"name": "function reset"}));
             state.stop_queues(&mut regs);
             // Config space is back to power-on state too: BARs unprogrammed.
             *regs = Regs::default();
@@ -217,6 +220,10 @@ impl NvmeController {
     pub fn surprise_reset(&self) {
         let mut regs = crate::lock(&self.state.regs);
         info!("controller reset from the control socket");
+        self.state.trace.record(
+            "reset",
+            || serde_json::json!({"name": "control-socket reset", "injected": true}),
+        );
         regs.cc = Default::default();
         self.state.stop_queues(&mut regs);
     }
@@ -249,6 +256,11 @@ impl NvmeController {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.state.snapshot()
+    }
+
+    /// The controller's trace recorder (off until switched on).
+    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.state.trace
     }
 
     /// CSTS as the host would read it.

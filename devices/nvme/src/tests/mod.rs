@@ -10,3 +10,4 @@ mod io_cmds;
 mod pmr;
 mod registers;
 mod robustness;
+mod trace;

@@ -11,12 +11,13 @@ use p2plab_server::control::{request, request_over_port, ControlRequest};
 #[command(
     name = "p2plab-ctl",
     version,
-    about = "Control a running p2plab device server: status, fault injection, reset",
+    about = "Control a running p2plab device server: status, fault injection, reset, trace",
     after_help = "Examples:\n  \
         p2plab-ctl runs/latest/nvme0.ctl status --json\n  \
         p2plab-ctl runs/latest/nvme0.ctl inject timeout,count=1,opcode=read\n  \
         p2plab-ctl runs/latest/nvme0.ctl inject media-error:lba=100-199\n  \
         p2plab-ctl runs/latest/nvme0.ctl clear\n  \
+        p2plab-ctl runs/latest/nvme0.ctl trace on --follow\n  \
         p2plab-ctl runs/latest/gpu0.ctl inject hang,count=1,opcode=checksum"
 )]
 struct Args {
@@ -51,6 +52,67 @@ enum Command {
     Clear,
     /// Reset the device as a function-level reset would.
     Reset,
+    /// Switch the decoded trace on or off, or show where it stands; with
+    /// --follow, print its events as they come (host only; Ctrl-C ends).
+    Trace {
+        #[arg(value_name = "on|off")]
+        state: Option<OnOff>,
+        /// Print each new event as a human-readable line (raw JSON with
+        /// --json) until interrupted.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: start at the beginning of the trace file rather
+        /// than at its end.
+        #[arg(long, requires = "follow")]
+        from_start: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// Prints the events appended to the trace file at `path`, forever.
+fn follow(path: &Path, from_start: bool, json: bool) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("opening the trace {}: {e}", path.display()))?;
+    if !from_start {
+        file.seek(SeekFrom::End(0))?;
+    }
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        }
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            let shown = if json {
+                text.to_string()
+            } else {
+                match serde_json::from_str::<serde_json::Value>(text) {
+                    Ok(event) => p2plab_trace::human(&event),
+                    Err(_) => format!("(unreadable line) {text}"),
+                }
+            };
+            // A closed pipe (`| head`) ends the follow quietly.
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{shown}").and_then(|()| out.flush()).is_err() {
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// Where requests go.
@@ -107,6 +169,14 @@ fn main() -> ExitCode {
     let path = match &target {
         Target::Socket(p) | Target::Port(p) => p.clone(),
     };
+    let follow_from = match &args.command {
+        Command::Trace {
+            follow: true,
+            from_start,
+            ..
+        } => Some(*from_start),
+        _ => None,
+    };
     let requests: Vec<ControlRequest> = match args.command {
         Command::Status => vec![ControlRequest::Status],
         Command::Inject { specs } => specs
@@ -115,6 +185,9 @@ fn main() -> ExitCode {
             .collect(),
         Command::Clear => vec![ControlRequest::Clear],
         Command::Reset => vec![ControlRequest::Reset],
+        Command::Trace { state, .. } => vec![ControlRequest::Trace {
+            on: state.map(|s| matches!(s, OnOff::On)),
+        }],
     };
     for req in &requests {
         let reply = match &target {
@@ -123,6 +196,22 @@ fn main() -> ExitCode {
         };
         match reply {
             Ok(result) => {
+                if let (Some(from_start), Target::Socket(_)) = (follow_from, &target) {
+                    let Some(trace) = result["path"].as_str() else {
+                        eprintln!("p2plab-ctl: {}: no trace file", path.display());
+                        return ExitCode::FAILURE;
+                    };
+                    return match follow(Path::new(trace), from_start, args.json) {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => {
+                            eprintln!("p2plab-ctl: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
+                } else if follow_from.is_some() {
+                    eprintln!("p2plab-ctl: --follow reads the trace file, which is on the host");
+                    return ExitCode::FAILURE;
+                }
                 if args.json || matches!(req, ControlRequest::Status) {
                     let text = serde_json::to_string_pretty(&result).unwrap_or_default();
                     println!("{text}");
@@ -133,6 +222,12 @@ fn main() -> ExitCode {
                         }
                         (ControlRequest::Clear, _) => println!("cleared"),
                         (ControlRequest::Reset, _) => println!("reset"),
+                        (ControlRequest::Trace { .. }, _) => println!(
+                            "trace {} -> {} ({} events)",
+                            if result["on"] == true { "on" } else { "off" },
+                            result["path"].as_str().unwrap_or("(no file)"),
+                            result["events"]
+                        ),
                         _ => println!("{result}"),
                     }
                 }
