@@ -7,6 +7,7 @@ pub mod attach;
 pub mod console;
 pub mod control;
 pub mod elf;
+pub mod kernel_log;
 pub mod kill;
 pub mod lab;
 pub mod paths;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode, Outcome};
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
@@ -75,6 +76,9 @@ pub struct Boot {
     pub share: Option<PathBuf>,
     /// `@STATE@` for this boot; default: a fresh folder per test process.
     pub state: Option<PathBuf>,
+    /// Kernel-log complaints this boot provokes on purpose (the clean-boot
+    /// check fails on any other).
+    pub kernel_log: Vec<Expected>,
 }
 
 /// A state folder private to this test binary run, under target/.
@@ -98,6 +102,7 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
     options.state = Some(boot.state.unwrap_or_else(|| test_state_dir(topology)));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     options.log_level = Some("debug".to_owned());
+    options.kernel_log.expected = boot.kernel_log;
     let outcome = Lab::run(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
     let facts = parse_facts(&outcome.output);
     let run = GuestRun { outcome, facts };
