@@ -60,7 +60,9 @@ fn unescape(text: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'x') {
-            let hex = text.get(i + 2..i + 4).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let hex = text
+                .get(i + 2..i + 4)
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             if let Some(byte) = hex {
                 out.push(if byte == b'\n' { b' ' } else { byte });
                 i += 4;
@@ -96,11 +98,17 @@ const COMPLAINTS: &[(&str, &str)] = &[
     ("controller reset", "nvme*will reset"),
     ("controller reset", "nvme*resetting controller"),
     ("controller reset", "nvme*Removing after probe failure"),
-    ("controller reset", "nvme*Disabling device after reset failure"),
+    (
+        "controller reset",
+        "nvme*Disabling device after reset failure",
+    ),
     ("GPU engine reset", "p2plab_gpu*resetting the engine"),
     ("GPU engine reset", "p2plab_gpu*engine reset failed"),
     ("GPU engine halted", "p2plab_gpu*engine halted"),
-    ("GPU lost interrupt", "p2plab_gpu*retired without an interrupt"),
+    (
+        "GPU lost interrupt",
+        "p2plab_gpu*retired without an interrupt",
+    ),
     ("WARN", "WARNING:"),
     ("BUG", "BUG:"),
     ("BUG", "kernel BUG at"),
@@ -242,7 +250,10 @@ mod tests {
 
     #[test]
     fn globs_match_in_order_anywhere() {
-        assert!(glob_match("nvme*timeout", "nvme nvme0: I/O tag 3 QID 1 timeout, aborting"));
+        assert!(glob_match(
+            "nvme*timeout",
+            "nvme nvme0: I/O tag 3 QID 1 timeout, aborting"
+        ));
         assert!(!glob_match("timeout*nvme", "nvme nvme0: timeout"));
         assert!(glob_match("Oops", "Oops: general protection fault"));
         assert!(glob_match("", "anything"));
@@ -306,7 +317,10 @@ mod tests {
         assert_eq!(check(&lines, &[aborting.clone(), reset.clone()]), Ok(()));
         // Too few: the reset the test asked for did not happen.
         let err = check(&lines[..2], &[aborting.clone(), reset.clone()]).unwrap_err();
-        assert!(err.contains("expected 1") && err.contains("found 0"), "{err}");
+        assert!(
+            err.contains("expected 1") && err.contains("found 0"),
+            "{err}"
+        );
         // Too many.
         let err = check(&lines, &[Expected::exactly("timeout, aborting", 1), reset]).unwrap_err();
         assert!(err.contains("found 2"), "{err}");
@@ -314,9 +328,6 @@ mod tests {
         let err = check(&lines, &[aborting]).unwrap_err();
         assert!(err.contains("will reset: CSTS=0x3"), "{err}");
         // A range.
-        assert_eq!(
-            check(&lines, &[Expected::between("nvme*", 0, 3)]),
-            Ok(())
-        );
+        assert_eq!(check(&lines, &[Expected::between("nvme*", 0, 3)]), Ok(()));
     }
 }

@@ -11,6 +11,7 @@ pub mod kernel_log;
 pub mod kill;
 pub mod lab;
 pub mod paths;
+pub mod pattern;
 pub mod process;
 pub mod qemu_fix;
 pub mod qmp;
