@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use common::{run_guest, run_guest_with, test_state_dir, Boot, GuestRun};
 use p2plab_guest_tests::control::unplug;
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{pattern, Lab};
 use serde_json::Value;
 
@@ -351,6 +352,9 @@ fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
             // cannot mmap BAR0 of a bound controller for show-regs.
             append: vec!["iomem=relaxed".into()],
             state: Some(state),
+            // `nvme reset`, asked for once (the re-plug is a new probe,
+            // not a reset).
+            kernel_log: vec![Expected::exactly("nvme*resetting controller", 1)],
             ..Boot::default()
         },
         |lab| restart_nvme0_under_the_guest(lab, &pmr_file),
