@@ -26,7 +26,12 @@ use crate::topology::{Placeholders, Topology};
 /// assignments at boot but clips new ones against e820, so a device
 /// re-plugged with `device_add` would get no 64-bit BAR (no CMB, no VRAM:
 /// "BAR 2 ...: can't assign; no space"). See README "Hot unplug".
-pub const BASE_CMDLINE: &str = "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820";
+///
+/// `log_buf_len=1M`: the clean-boot check reads the whole kernel log at the
+/// end of a run; Debian's 128 KiB ring would drop the oldest records of a
+/// long one (a full nvme suite run logs about 45 KiB).
+pub const BASE_CMDLINE: &str =
+    "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820 log_buf_len=1M";
 
 /// The guest's `/run/p2plab/exec.sh`: the command (`script.sh`), then a
 /// copy of the kernel log for the clean-boot check. `/dev/kmsg` read with
