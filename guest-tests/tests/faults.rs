@@ -151,7 +151,7 @@ got=$(blk_md5 625)
 say IRQ_READ_MS $(( $(now_ms) - t0 ))
 say IRQ_READ_OK "$([ "$got" = "$(pat_md5 625)" ] && echo 1 || echo 0)"
 say IRQ_POLLED "$(dmesg | grep -c 'timeout, completion polled')"
-signal done-irq
+signal done-irq; wait_host cleared-irq
 
 # --- 5. the guest arms a fault itself, through its virtio-serial port -------------
 p2plab-ctl nvme0 inject 'status=0x281,dnr,count=1,opcode=read,lba=6000-6007' > /run/p2plab/guest-inject.out 2>&1
@@ -249,6 +249,10 @@ fn linux_recovers_from_injected_nvme_faults() {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
         clear(&ctl);
+        // The guest arms faults itself after the last phase: it must not
+        // race this clear (which would disarm its fault before its read).
+        lab.write_guest_file(&format!("cleared-{name}"), "")
+            .expect("signalling the guest");
         (before, after)
     };
 
