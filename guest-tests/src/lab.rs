@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 
 use crate::console::{ExecLine, ExecTracker, LogFollower};
+use crate::kernel_log::{self, KernelLogCheck};
 use crate::paths::LabPaths;
 use crate::process::{LabProcess, Lifetime};
 use crate::setup;
@@ -25,7 +26,24 @@ use crate::topology::{Placeholders, Topology};
 /// assignments at boot but clips new ones against e820, so a device
 /// re-plugged with `device_add` would get no 64-bit BAR (no CMB, no VRAM:
 /// "BAR 2 ...: can't assign; no space"). See README "Hot unplug".
-pub const BASE_CMDLINE: &str = "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820";
+///
+/// `log_buf_len=1M`: the clean-boot check reads the whole kernel log at the
+/// end of a run; Debian's 128 KiB ring would drop the oldest records of a
+/// long one (a full nvme suite run logs about 45 KiB).
+pub const BASE_CMDLINE: &str =
+    "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820 log_buf_len=1M";
+
+/// The guest's `/run/p2plab/exec.sh`: the command (`script.sh`), then a
+/// copy of the kernel log for the clean-boot check. `/dev/kmsg` read with
+/// O_NONBLOCK returns one record per read and EAGAIN at the end; a fresh
+/// reader starts at the oldest record even after `dmesg -C`.
+const EXEC_WRAPPER: &str = "\
+# Written by the p2plab launcher; the command is script.sh.
+bash /run/p2plab/script.sh
+rc=$?
+dd if=/dev/kmsg of=/run/p2plab/kmsg.txt bs=65536 iflag=nonblock 2>/dev/null
+exit $rc
+";
 
 /// Exit status of the launcher when the lab itself failed (not the guest
 /// command): the same convention as `docker run`.
@@ -67,6 +85,9 @@ pub struct LabOptions {
     pub stream_output: bool,
     /// Folder for state kept across boots (`@STATE@`); default `.cache/state`.
     pub state: Option<PathBuf>,
+    /// The clean-boot check of exec runs: complaints in the guest's kernel
+    /// log that the run expects (see `kernel_log`).
+    pub kernel_log: KernelLogCheck,
 }
 
 impl LabOptions {
@@ -84,6 +105,7 @@ impl LabOptions {
             verbose: false,
             stream_output: true,
             state: None,
+            kernel_log: KernelLogCheck::default(),
         }
     }
 }
@@ -388,7 +410,8 @@ impl Lab {
                 if !text.ends_with('\n') {
                     text.push('\n');
                 }
-                std::fs::write(guest_dir.join("exec.sh"), text)?;
+                std::fs::write(guest_dir.join("script.sh"), text)?;
+                std::fs::write(guest_dir.join("exec.sh"), EXEC_WRAPPER)?;
             }
             _ => {}
         }
@@ -480,6 +503,7 @@ impl Lab {
             Mode::Exec(_) => {
                 self.follow_exec(options, &mut outcome, true)?;
                 outcome.peak_rss = self.peak_rss();
+                self.check_kernel_log(&options.kernel_log)?;
             }
             Mode::Keep(command) => {
                 if command.is_some() {
@@ -626,6 +650,33 @@ impl Lab {
             }
             sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The clean-boot check on the kernel log the guest saved at the end of
+    /// its command: fails (or, without `enforce`, warns) on complaints the
+    /// run did not expect.
+    fn check_kernel_log(&self, check: &KernelLogCheck) -> Result<()> {
+        let path = self.run_dir.join("guest").join(kernel_log::KMSG_FILE);
+        let findings = match std::fs::read_to_string(&path) {
+            Ok(text) => kernel_log::check(&kernel_log::parse_kmsg(&text), &check.expected),
+            Err(err) => Err(format!(
+                "  the guest saved no kernel log at {} ({err})\n",
+                path.display()
+            )),
+        };
+        let Err(report) = findings else {
+            return Ok(());
+        };
+        let what = format!(
+            "the guest's kernel log has complaints this run did not expect \
+             (README \"Clean boots\"); run folder {}:\n{report}",
+            self.run_dir.display()
+        );
+        if check.enforce {
+            bail!("{what}");
+        }
+        progress(format_args!("warning: {what}"));
+        Ok(())
     }
 
     /// VmHWM of the servers (still running) and of QEMU (if still there).

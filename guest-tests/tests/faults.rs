@@ -60,6 +60,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{parse_facts, test_state_dir, BOOT_TIMEOUT};
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
@@ -233,6 +234,17 @@ fn linux_recovers_from_injected_nvme_faults() {
     options.timeout = Some(BOOT_TIMEOUT);
     options.state = Some(test_state_dir("faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    // The clean-boot check: exactly the complaints the phases provoke.
+    options.kernel_log.expected = vec![
+        // The held read and the first timeout of the unabortable one.
+        Expected::exactly("nvme*timeout, aborting", 2),
+        // The unabortable read's second timeout.
+        Expected::exactly("nvme*timeout, reset controller", 1),
+        // The dropped interrupt.
+        Expected::exactly("nvme*timeout, completion polled", 1),
+        // CFS and the internal error.
+        Expected::exactly("nvme*controller is down; will reset", 2),
+    ];
     let mut lab = Lab::start(&options).unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
     let ctl = lab.run_dir.join("nvme0.ctl");
     let phase = |lab: &mut Lab, name: &str, specs: &[&str]| -> (Value, Value) {
@@ -259,6 +271,8 @@ fn linux_recovers_from_injected_nvme_faults() {
             assert_eq!(reply["on"], false, "{reply}");
         }
         clear(&ctl);
+        // The guest arms faults itself after the last phase: it must not
+        // race this clear (which would disarm its fault before its read).
         lab.write_guest_file(&format!("cleared-{name}"), "")
             .expect("signalling the guest");
         (before, after)

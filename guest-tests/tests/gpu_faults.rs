@@ -33,6 +33,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{parse_facts, test_state_dir, BOOT_TIMEOUT};
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
@@ -147,6 +148,12 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     options.timeout = Some(BOOT_TIMEOUT);
     options.state = Some(test_state_dir("gpu-faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    // The clean-boot check: the hang's engine reset, once, and the dropped
+    // interrupt's recovery (a ratelimited warning: at most 10 per 5 s).
+    options.kernel_log.expected = vec![
+        Expected::exactly("p2plab_gpu*resetting the engine", 1),
+        Expected::between("p2plab_gpu*retired without an interrupt", 1, 10),
+    ];
     let mut lab = Lab::start(&options).unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
     let ctl = lab.run_dir.join("gpu0.ctl");
     // A bad spec is refused with the item named, and arms nothing.

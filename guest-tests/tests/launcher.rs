@@ -5,7 +5,9 @@
 //!
 //! What each test catches: a launcher that mangles scripts or loses the
 //! exit status, a missing or read-only share, dropped kernel arguments,
-//! leaked server or QEMU processes and sockets
+//! leaked server or QEMU processes and sockets, a clean-boot check that
+//! does not see the guest's kernel log (a declared `WARNING:` line the
+//! script writes to /dev/kmsg must be counted exactly once)
 //! (`exec_share_append_status_and_clean_up`); bad options that start half
 //! a lab (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
 //! that dies early or that `--stop` cannot end
@@ -16,6 +18,7 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode};
 
 const SCRIPT: &str = r#"set -u
@@ -23,6 +26,9 @@ echo "QUOTES=it's \"quoted\" $((6 * 7))"
 cat /mnt/host/from-host.txt
 echo "written in the guest" > /mnt/host/from-guest.txt
 grep -o 'p2plab.test=[a-z]*' /proc/cmdline | sed 's/^/CMDLINE=/'
+# A complaint in the kernel log, declared below: the clean-boot check must
+# find it exactly once (it fails on a missing log copy or a miscount).
+echo '<4>WARNING: p2plab launcher test' > /dev/kmsg
 exit 7
 "#;
 
@@ -38,6 +44,7 @@ fn exec_share_append_status_and_clean_up() {
     options.timeout = Some(common::BOOT_TIMEOUT);
     options.stream_output = false;
     options.state = Some(common::test_state_dir("launcher"));
+    options.kernel_log.expected = vec![Expected::exactly("WARNING: p2plab launcher test", 1)];
     let outcome = Lab::run(&options).expect("the lab runs");
     let facts = common::parse_facts(&outcome.output);
 
@@ -59,6 +66,7 @@ fn exec_share_append_status_and_clean_up() {
     // The run folder keeps the logs, and no socket or process survives.
     let run = &outcome.run_dir;
     for file in [
+        "guest/kmsg.txt",
         "console.log",
         "qemu.log",
         "qemu.cmdline",

@@ -15,26 +15,35 @@
 //! differently from the device's own CMB/PMR configuration, and a CMB that
 //! is not published or not used for SQs, and on SMART read/write counters
 //! that miss or invent commands (blktrace and explicit flushes under
-//! stress-ng); `data_survives_a_server_restart`
+//! stress-ng), and on a PMR (topology `lab-pmr`, BAR4) that loses guest
+//! stores across a server restart under the running guest (unplug, new
+//! server, re-plug: the guest reads back through the sysfs resource mmap),
+//! keeps them only in memory (the host reads the file of the stopped
+//! server), writes them at the wrong offset (head and tail spans, the rest
+//! of the file must stay zero) or serves reads from somewhere other than
+//! the file (the guest's read-back goes through a fresh server; the head
+//! checked against the tail's seed proves that comparison can fail);
+//! `data_survives_a_server_restart`
 //! fails on a namespace whose writes do not reach its backing file.
 
 mod common;
 
-use common::{run_guest, test_state_dir, Boot, GuestRun};
+use std::path::Path;
+use std::time::Duration;
+
+use common::{run_guest, run_guest_with, test_state_dir, Boot, GuestRun};
+use p2plab_guest_tests::control::unplug;
+use p2plab_guest_tests::kernel_log::Expected;
+use p2plab_guest_tests::{pattern, Lab};
 use serde_json::Value;
 
-/// Namespace 1 comes from the topology (1 GiB file, 512-byte blocks);
-/// namespace 2 is added here (256 MiB in memory, 4096-byte blocks).
-/// A 4 MiB Persistent Memory Region in `state`, for show-regs to decode.
-fn two_namespaces_and_a_pmr(state: &std::path::Path) -> Vec<(String, Vec<String>)> {
+/// Namespace 1 and the 4 MiB PMR come from the topology (`lab-pmr`: 1 GiB
+/// file with 512-byte blocks, PMR file `@STATE@/nvme0-pmr.img`); namespace
+/// 2 is added here (256 MiB in memory, 4096-byte blocks).
+fn second_namespace() -> Vec<(String, Vec<String>)> {
     vec![(
         "nvme0".into(),
-        vec![
-            "--namespace".into(),
-            "mem,size=256M,lba=4096".into(),
-            "--pmr".into(),
-            format!("file={},size=4M", state.join("nvme0-pmr.img").display()),
-        ],
+        vec!["--namespace".into(), "mem,size=256M,lba=4096".into()],
     )]
 }
 
@@ -228,9 +237,86 @@ echo "CMBLOC=$(cat $ctrl/cmbloc)"
 echo "P2P_ADDED=$(dmesg | grep -c "$bdf: added peer-to-peer DMA memory")"
 echo "P2P_PUBLISHED=$(cat /sys/bus/pci/devices/$bdf/p2pmem/published)"
 echo "P2P_SIZE=$(cat /sys/bus/pci/devices/$bdf/p2pmem/size)"
+
+# The PMR (BAR4, trapped, written through to its file): a seeded pattern at
+# its head and its tail through the sysfs resource mmap, then the host
+# unplugs nvme0, restarts its server and plugs it again (QEMU 11.1 does not
+# reconnect to a restarted server), and the guest reads the PMR back.
+# Trapped accesses are one vfio-user round trip per 8 bytes: 64 KiB each.
+pmr=/sys/bus/pci/devices/$bdf/resource4
+echo "PMR_RESOURCE_BYTES=$(stat -c %s $pmr)"
+p2plab-pcimem $pmr fill 0 @PMR_SPAN@ @PMR_HEAD_SEED@; echo "PMR_FILL_HEAD_STATUS=$?"
+p2plab-pcimem $pmr fill @PMR_TAIL@ @PMR_SPAN@ @PMR_TAIL_SEED@; echo "PMR_FILL_TAIL_STATUS=$?"
+p2plab-pcimem $pmr check 0 @PMR_SPAN@ @PMR_HEAD_SEED@; echo "PMR_CHECK_BEFORE_STATUS=$?"
+: > $out/.pmr-written; mv $out/.pmr-written $out/pmr-written
+i=0; until [ -e $out/pmr-replugged ]; do sleep 0.2; i=$((i+1)); [ $i -lt 3000 ] || fail "no pmr-replugged from the host"; done
+# The re-plugged controller at the same address, bound and live again.
+i=0; until [ "$(cat /sys/bus/pci/devices/$bdf/nvme/nvme*/state 2>/dev/null)" = live ]; do
+  sleep 0.2; i=$((i+1)); [ $i -lt 600 ] || break
+done
+echo "PMR_REPLUG_STATE=$(cat /sys/bus/pci/devices/$bdf/nvme/nvme*/state 2>/dev/null)"
+p2plab-pcimem $pmr check 0 @PMR_SPAN@ @PMR_HEAD_SEED@; echo "PMR_CHECK_HEAD_AFTER_STATUS=$?"
+p2plab-pcimem $pmr check @PMR_TAIL@ @PMR_SPAN@ @PMR_TAIL_SEED@; echo "PMR_CHECK_TAIL_AFTER_STATUS=$?"
+# The comparison can fail: the head against the tail's seed.
+p2plab-pcimem $pmr check 0 @PMR_SPAN@ @PMR_TAIL_SEED@ 2>/dev/null; echo "PMR_CHECK_WRONG_SEED_STATUS=$?"
 dmesg | grep -iE 'nvme|p2p' | tail -n 20
 exit 0
 "#;
+
+/// The PMR phase: the PMR's size, the span written at its head and its
+/// tail, and their seeds (the pattern of `p2plab-pcimem fill`).
+const PMR_BYTES: usize = 4 << 20;
+const PMR_SPAN: usize = 64 << 10;
+const PMR_TAIL: usize = PMR_BYTES - PMR_SPAN;
+const PMR_HEAD_SEED: u64 = 0x504d_5248;
+const PMR_TAIL_SEED: u64 = 0x504d_5254;
+/// A guest that never ejects the device (QMP's DEVICE_DELETED never comes).
+const UNPLUG_TIMEOUT: Duration = Duration::from_secs(120);
+/// The guest's phases before the PMR are long under TCG (fio, stress-ng,
+/// blktrace): this bounds a hang, not a duration.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(900);
+
+fn script() -> String {
+    SCRIPT
+        .replace("@PMR_SPAN@", &PMR_SPAN.to_string())
+        .replace("@PMR_TAIL@", &PMR_TAIL.to_string())
+        .replace("@PMR_HEAD_SEED@", &format!("{PMR_HEAD_SEED:#x}"))
+        .replace("@PMR_TAIL_SEED@", &format!("{PMR_TAIL_SEED:#x}"))
+}
+
+/// What the host saw while it restarted nvme0 under the guest.
+struct PmrRestart {
+    /// nvme0's counters just before the unplug (the CMB checks use them:
+    /// the fresh server counts from zero).
+    stats_before: Value,
+    /// The PMR file as the stopped server left it.
+    file_after_stop: Vec<u8>,
+}
+
+/// The host side of the PMR phase: once the guest has written the PMR,
+/// unplug nvme0, stop its server, read the PMR file, start a fresh server
+/// and plug nvme0 again.
+fn restart_nvme0_under_the_guest(lab: &mut Lab, pmr_file: &Path) -> PmrRestart {
+    lab.wait_guest_file("pmr-written", PHASE_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let stats_before = lab.server_stats("nvme0").expect("nvme0 stats");
+    let mut qmp = lab.qmp().expect("QMP");
+    unplug(&mut qmp, "nvme0", UNPLUG_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e:#} (run folder {})", lab.run_dir.display()));
+    let status = lab.stop_server("nvme0").expect("stopping nvme0");
+    assert!(status.success(), "nvme0 server exit status {status}");
+    let file_after_stop = std::fs::read(pmr_file).expect("the PMR file");
+    lab.start_server("nvme0")
+        .unwrap_or_else(|e| panic!("restarting nvme0: {e:#}"));
+    lab.plug(&mut qmp, "nvme0")
+        .unwrap_or_else(|e| panic!("re-plugging nvme0: {e:#}"));
+    lab.write_guest_file("pmr-replugged", "")
+        .expect("signalling the guest");
+    PmrRestart {
+        stats_before,
+        file_after_stop,
+    }
+}
 
 fn json(run: &GuestRun, name: &str) -> Value {
     let text = std::fs::read_to_string(run.run_dir().join("guest").join(name))
@@ -256,17 +342,22 @@ fn text<'a>(v: &'a Value, key: &str) -> &'a str {
 #[test]
 fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
     let state = test_state_dir("nvme-cli");
-    let run = run_guest(
-        "lab",
-        SCRIPT,
+    let pmr_file = state.join("nvme0-pmr.img");
+    let (run, pmr) = run_guest_with(
+        "lab-pmr",
+        &script(),
         Boot {
-            server_args: two_namespaces_and_a_pmr(&state),
+            server_args: second_namespace(),
             // Debian's kernel has IO_STRICT_DEVMEM: without this, nvme-cli
             // cannot mmap BAR0 of a bound controller for show-regs.
             append: vec!["iomem=relaxed".into()],
             state: Some(state),
+            // `nvme reset`, asked for once (the re-plug is a new probe,
+            // not a reset).
+            kernel_log: vec![Expected::exactly("nvme*resetting controller", 1)],
             ..Boot::default()
         },
+        |lab| restart_nvme0_under_the_guest(lab, &pmr_file),
     );
 
     // Identify controller.
@@ -617,8 +708,7 @@ fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
     run.expect("P2P_ADDED", "1");
     run.expect("P2P_PUBLISHED", "1");
     assert_eq!(run.fact_u64("P2P_SIZE"), 64 << 20);
-    let stats: Value = serde_json::from_str(&common::server_stats(&run, "nvme0"))
-        .expect("nvme0.stats.json is JSON");
+    let stats = &pmr.stats_before;
     let cmb_sqes = stats
         .pointer("/cmb/sq_entries_fetched")
         .and_then(Value::as_u64)
@@ -627,6 +717,45 @@ fn linux_nvme_driver_and_nvme_cli_against_p2plab_nvme() {
         cmb_sqes > 0,
         "I/O submission queues live in the CMB: {stats}"
     );
+
+    // PMR: written by the guest, kept by the file across a server restart.
+    check_pmr(&run, &pmr);
+}
+
+/// The PMR phase's results, checked after the rest of the boot's.
+fn check_pmr(run: &GuestRun, pmr: &PmrRestart) {
+    assert_eq!(run.fact_u64("PMR_RESOURCE_BYTES"), PMR_BYTES as u64);
+    run.expect("PMR_FILL_HEAD_STATUS", "0");
+    run.expect("PMR_FILL_TAIL_STATUS", "0");
+    run.expect("PMR_CHECK_BEFORE_STATUS", "0");
+    assert_eq!(
+        pmr.stats_before
+            .pointer("/pmr/size")
+            .and_then(Value::as_u64),
+        Some(PMR_BYTES as u64),
+        "the server serves a 4 MiB PMR: {}",
+        pmr.stats_before
+    );
+    // The host's view: the stopped server's file holds both spans.
+    let file = &pmr.file_after_stop;
+    assert_eq!(file.len(), PMR_BYTES, "PMR file size");
+    assert!(
+        file[..PMR_SPAN] == pattern::bytes(PMR_HEAD_SEED, PMR_SPAN)[..],
+        "the PMR file holds the head pattern the guest stored"
+    );
+    assert!(
+        file[PMR_TAIL..] == pattern::bytes(PMR_TAIL_SEED, PMR_SPAN)[..],
+        "the PMR file holds the tail pattern the guest stored"
+    );
+    assert!(
+        file[PMR_SPAN..PMR_TAIL].iter().all(|&b| b == 0),
+        "nothing else was written into the PMR file"
+    );
+    // The guest's view through the fresh server.
+    run.expect("PMR_REPLUG_STATE", "live");
+    run.expect("PMR_CHECK_HEAD_AFTER_STATUS", "0");
+    run.expect("PMR_CHECK_TAIL_AFTER_STATUS", "0");
+    run.expect("PMR_CHECK_WRONG_SEED_STATUS", "1");
 }
 
 /// Data written in one boot is read back in the next from the same backing

@@ -26,6 +26,7 @@
 mod common;
 
 use common::{run_guest, test_state_dir, Boot, GuestRun};
+use p2plab_guest_tests::kernel_log::Expected;
 use serde_json::Value;
 
 /// Guest helpers shared by the scripts: find functions by PCI class.
@@ -183,6 +184,10 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         Boot {
             state: Some(state.clone()),
             share: Some(smoke_dir()),
+            // guest-smoke.sh's "timeout reported" check: a 1 ms timeout on
+            // a 512 MiB checksum, which the driver ends with one engine
+            // reset.
+            kernel_log: vec![Expected::exactly("p2plab_gpu*resetting the engine", 1)],
             ..Boot::default()
         },
     );

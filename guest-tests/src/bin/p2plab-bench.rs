@@ -662,6 +662,7 @@ fn run(cli: &Cli) -> Result<()> {
     );
     ours_options.stream_output = false;
     ours_options.timeout = timeout;
+    ours_options.kernel_log.enforce = false;
     ours_options.server_args = vec![("nvme0".to_owned(), server_args.clone())];
     let mut anchor_options = LabOptions::new(
         &anchor_path.to_string_lossy(),
@@ -669,6 +670,7 @@ fn run(cli: &Cli) -> Result<()> {
     );
     anchor_options.stream_output = false;
     anchor_options.timeout = timeout;
+    anchor_options.kernel_log.enforce = false;
 
     let mut ours_labels: Vec<String> = COMPARED.iter().map(|j| j.name.to_owned()).collect();
     let anchor_labels = ours_labels.clone();
@@ -683,6 +685,7 @@ fn run(cli: &Cli) -> Result<()> {
         LabOptions::new(&cli.copy_topology, Mode::Exec(copy_script(&cli.copy_len)));
     copy_options.stream_output = false;
     copy_options.timeout = timeout;
+    copy_options.kernel_log.enforce = false;
     copy_options.server_args = ["nvme0", "nvme1"]
         .iter()
         .map(|id| ((*id).to_owned(), server_args.clone()))

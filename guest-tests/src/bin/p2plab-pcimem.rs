@@ -117,14 +117,6 @@ impl Drop for Mapping {
     }
 }
 
-/// The pattern word at a given index for a seed (xorshift-mixed).
-fn pattern_word(seed: u64, index: u64) -> u64 {
-    let mut x = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^ (x >> 29)
-}
-
 fn width_of(op: &str) -> Option<usize> {
     let digits = op.trim_start_matches("read").trim_start_matches("write");
     match digits {
@@ -163,7 +155,7 @@ fn run(args: &[String]) -> Result<bool> {
             }
             for i in 0..len / 8 {
                 let at = offset + i * 8;
-                let want = pattern_word(seed, i);
+                let want = p2plab_guest_tests::pattern::word(seed, i);
                 if op == "fill" {
                     map.write(at, 8, want)?;
                 } else {

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode, Outcome};
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
@@ -75,6 +76,9 @@ pub struct Boot {
     pub share: Option<PathBuf>,
     /// `@STATE@` for this boot; default: a fresh folder per test process.
     pub state: Option<PathBuf>,
+    /// Kernel-log complaints this boot provokes on purpose (the clean-boot
+    /// check fails on any other).
+    pub kernel_log: Vec<Expected>,
 }
 
 /// A state folder private to this test binary run, under target/.
@@ -90,6 +94,19 @@ pub fn test_state_dir(name: &str) -> PathBuf {
 /// Boots `topology`, runs `script` in the guest and collects its facts.
 /// The script's exit status must be 0 unless `allow_failure`.
 pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
+    run_guest_with(topology, script, boot, |_| ()).0
+}
+
+/// [`run_guest`] with a host side: `host` runs on the started lab while the
+/// guest boots and runs `script` (they meet through files in the guest's
+/// `/run/p2plab`, see `Lab::wait_guest_file`), and its result comes back
+/// with the guest's.
+pub fn run_guest_with<T>(
+    topology: &str,
+    script: &str,
+    boot: Boot,
+    host: impl FnOnce(&mut Lab) -> T,
+) -> (GuestRun, T) {
     let mut options = LabOptions::new(topology, Mode::Exec(script.to_owned()));
     options.timeout = Some(BOOT_TIMEOUT);
     options.server_args = boot.server_args;
@@ -98,7 +115,12 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
     options.state = Some(boot.state.unwrap_or_else(|| test_state_dir(topology)));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     options.log_level = Some("debug".to_owned());
-    let outcome = Lab::run(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
+    options.kernel_log.expected = boot.kernel_log;
+    let mut lab = Lab::start(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
+    let hosted = host(&mut lab);
+    let outcome = lab
+        .finish(&options)
+        .unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
     let facts = parse_facts(&outcome.output);
     let run = GuestRun { outcome, facts };
     assert_eq!(
@@ -108,7 +130,7 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
         run.outcome.output,
         run.run_dir().display()
     );
-    run
+    (run, hosted)
 }
 
 /// `KEY=VALUE` lines: KEY starts with an upper-case letter and has only
