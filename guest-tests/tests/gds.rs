@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{run_guest, Boot, GuestRun};
+use common::{counter, message_dma_bytes_in, run_guest, stats, Boot, GuestRun};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -169,57 +169,6 @@ fn verified(v: &Value, bytes: u64) {
 
 fn details(v: &Value) -> String {
     v["details"].to_string()
-}
-
-/// Bytes a server's debug log shows moved by DMA messages (`read` or
-/// `write`) to guest-physical addresses inside `[start, end]`.
-fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
-    let marker = format!(
-        "dma {direction} via DMA_{} messages",
-        direction.to_uppercase()
-    );
-    log.lines()
-        .filter(|line| line.contains(&marker))
-        .filter_map(|line| {
-            let field = |name: &str| -> Option<u64> {
-                let at = line.find(name)? + name.len();
-                line[at..].split_whitespace().next()?.parse().ok()
-            };
-            Some((field("gpa=")?, field("len=")?))
-        })
-        .filter(|&(gpa, len)| gpa >= start && gpa + len <= end + 1)
-        .map(|(_, len)| len)
-        .sum()
-}
-
-fn stats(run: &GuestRun, id: &str) -> Value {
-    let text = common::server_stats(run, id);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{id}.stats.json ({e}): {text}"))
-}
-
-/// A counter found by key anywhere in a stats document.
-fn counter(v: &Value, key: &str) -> u64 {
-    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-        match v {
-            Value::Object(map) => map
-                .get(key)
-                .or_else(|| map.values().find_map(|child| find(child, key))),
-            _ => None,
-        }
-    }
-    find(v, key)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("no counter {key} in {v}"))
-}
-
-#[test]
-fn log_parser_sums_only_the_window() {
-    let log = "x DEBUG dma write via DMA_WRITE messages gpa=4096 len=512\n\
-               x DEBUG dma write via DMA_WRITE messages gpa=100 len=512\n\
-               x DEBUG dma read via DMA_READ messages gpa=4096 len=8\n";
-    assert_eq!(message_dma_bytes_in(log, "write", 4096, 8191), 512);
-    assert_eq!(message_dma_bytes_in(log, "read", 4096, 8191), 8);
-    assert_eq!(message_dma_bytes_in(log, "write", 8192, 9000), 0);
 }
 
 /// Checks one file system's runs; returns (P2P bytes read into the GPU,

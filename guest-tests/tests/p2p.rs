@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::{run_guest, test_state_dir, Boot, GuestRun};
+use common::{counter, message_dma_bytes_in, run_guest, stats, test_state_dir, Boot};
 use p2plab_guest_tests::kernel_log::Expected;
 use serde_json::Value;
 
@@ -112,47 +112,6 @@ grep '^FAIL' /run/p2plab/smoke.out
 echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t')"
 exit 0
 "#;
-
-/// Bytes a server's debug log shows moved by DMA messages (`read` or
-/// `write`) to guest-physical addresses inside `[start, end]`.
-fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
-    let marker = format!(
-        "dma {direction} via DMA_{} messages",
-        direction.to_uppercase()
-    );
-    log.lines()
-        .filter(|line| line.contains(&marker))
-        .filter_map(|line| {
-            let field = |name: &str| -> Option<u64> {
-                let at = line.find(name)? + name.len();
-                line[at..].split_whitespace().next()?.parse().ok()
-            };
-            Some((field("gpa=")?, field("len=")?))
-        })
-        .filter(|&(gpa, len)| gpa >= start && gpa + len <= end + 1)
-        .map(|(_, len)| len)
-        .sum()
-}
-
-fn stats(run: &GuestRun, id: &str) -> Value {
-    let text = common::server_stats(run, id);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{id}.stats.json ({e}): {text}"))
-}
-
-/// A counter found by key anywhere in a stats document.
-fn counter(v: &Value, key: &str) -> u64 {
-    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-        match v {
-            Value::Object(map) => map
-                .get(key)
-                .or_else(|| map.values().find_map(|child| find(child, key))),
-            _ => None,
-        }
-    }
-    find(v, key)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("no counter {key} in {v}"))
-}
 
 #[test]
 fn log_parser_sums_only_the_window() {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode, Outcome};
+use serde_json::Value;
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
 /// the suites check outcomes, never speed.
@@ -150,4 +151,45 @@ pub fn parse_facts(output: &str) -> BTreeMap<String, String> {
 /// Reads a server's JSON stats file from the run folder.
 pub fn server_stats(run: &GuestRun, id: &str) -> String {
     run.file(&format!("{id}.stats.json"))
+}
+
+/// Bytes a server's debug log shows moved by DMA messages (`read` or
+/// `write`) to guest-physical addresses inside `[start, end]`.
+pub fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
+    let marker = format!(
+        "dma {direction} via DMA_{} messages",
+        direction.to_uppercase()
+    );
+    log.lines()
+        .filter(|line| line.contains(&marker))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<u64> {
+                let at = line.find(name)? + name.len();
+                line[at..].split_whitespace().next()?.parse().ok()
+            };
+            Some((field("gpa=")?, field("len=")?))
+        })
+        .filter(|&(gpa, len)| gpa >= start && gpa + len <= end + 1)
+        .map(|(_, len)| len)
+        .sum()
+}
+
+pub fn stats(run: &GuestRun, id: &str) -> Value {
+    let text = server_stats(run, id);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{id}.stats.json ({e}): {text}"))
+}
+
+/// A counter found by key anywhere in a stats document.
+pub fn counter(v: &Value, key: &str) -> u64 {
+    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+        match v {
+            Value::Object(map) => map
+                .get(key)
+                .or_else(|| map.values().find_map(|child| find(child, key))),
+            _ => None,
+        }
+    }
+    find(v, key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no counter {key} in {v}"))
 }
