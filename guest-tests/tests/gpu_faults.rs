@@ -32,7 +32,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{parse_facts, test_state_dir, BOOT_TIMEOUT};
+use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_guest_tests::kernel_log::Expected;
 use p2plab_guest_tests::{Lab, LabOptions, Mode};
 use p2plab_server::control::{request, ControlRequest};
@@ -188,27 +188,10 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     let (i0, i1) = phase(&mut lab, "irq", "drop-irq,count=1,opcode=nop");
     let (v0, v1) = phase(&mut lab, "vram", "vram-error=0x200000-0x20ffff");
 
-    let run_dir = lab.run_dir.clone();
-    let outcome = lab
-        .finish(&options)
-        .unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
-    let facts = parse_facts(&outcome.output);
-    let fact = |key: &str| -> &str {
-        facts.get(key).map(String::as_str).unwrap_or_else(|| {
-            panic!(
-                "the guest did not report {key}; output:\n{}\n(run folder {})",
-                outcome.output,
-                run_dir.display()
-            )
-        })
-    };
-    let number = |key: &str| -> u64 {
-        fact(key)
-            .parse()
-            .unwrap_or_else(|_| panic!("{key}={:?} is not a number", fact(key)))
-    };
-    assert_eq!(outcome.status, Some(0), "guest output:\n{}", outcome.output);
-    let guest = |msg: &str| format!("{msg}; guest output:\n{}", outcome.output);
+    let run = common::finish_lab(lab, &options);
+    let fact = |key: &str| run.fact(key);
+    let number = |key: &str| run.fact_u64(key);
+    let guest = |msg: &str| format!("{msg}; guest output:\n{}", run.output());
     let expected_crc = fact("EXPECTED_CRC");
     assert_eq!(expected_crc.len(), 8, "{}", guest("local CRC"));
     assert_eq!(

@@ -29,7 +29,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{parse_facts, test_state_dir, BOOT_TIMEOUT};
+use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_guest_tests::control::unplug;
 use p2plab_guest_tests::qemu_fix::{self, UnplugFix};
 use p2plab_guest_tests::qmp::Qmp;
@@ -248,21 +248,9 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     lab.write_guest_file("gpu-replugged", "")
         .expect("signalling the guest");
 
-    let run_dir = lab.run_dir.clone();
-    let outcome = lab
-        .finish(&options)
-        .unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
-    let facts = parse_facts(&outcome.output);
-    let fact = |key: &str| -> &str {
-        facts.get(key).map(String::as_str).unwrap_or_else(|| {
-            panic!(
-                "the guest did not report {key}; output:\n{}\n(run folder {})",
-                outcome.output,
-                run_dir.display()
-            )
-        })
-    };
-    assert_eq!(outcome.status, Some(0), "guest output:\n{}", outcome.output);
+    let run = common::finish_lab(lab, &options);
+    let run_dir = run.run_dir().to_path_buf();
+    let fact = |key: &str| run.fact(key);
     let number = |key: &str| -> u64 {
         fact(key)
             .parse()
@@ -328,6 +316,6 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     assert_eq!(fact("N2G_GPU_CRC"), fact("PATTERN_CRC"));
 
     // Nothing oopsed, warned or timed out in the guest.
-    assert_eq!(fact("KERNEL_COMPLAINTS"), "0", "{}", outcome.output);
-    assert_eq!(fact("NVME_TIMEOUTS"), "0", "{}", outcome.output);
+    assert_eq!(fact("KERNEL_COMPLAINTS"), "0", "{}", run.output());
+    assert_eq!(fact("NVME_TIMEOUTS"), "0", "{}", run.output());
 }

@@ -134,6 +134,24 @@ pub fn run_guest_with<T>(
     (run, hosted)
 }
 
+/// Ends a lab started by hand (`Lab::start`), waits for its guest, and
+/// returns its facts; panics unless the guest script exited 0.
+pub fn finish_lab(lab: Lab, options: &LabOptions) -> GuestRun {
+    let outcome = lab
+        .finish(options)
+        .unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
+    let facts = parse_facts(&outcome.output);
+    let run = GuestRun { outcome, facts };
+    assert_eq!(
+        run.outcome.status,
+        Some(0),
+        "the guest script failed; output:\n{}\n(run folder {})",
+        run.outcome.output,
+        run.run_dir().display()
+    );
+    run
+}
+
 /// `KEY=VALUE` lines: KEY starts with an upper-case letter and has only
 /// letters, digits and underscores.
 pub fn parse_facts(output: &str) -> BTreeMap<String, String> {
