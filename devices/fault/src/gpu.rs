@@ -17,7 +17,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::injector::ArmedReport;
-use crate::spec::{error, parse_number, parse_probability, SpecError};
+use crate::spec::{error, parse_number, parse_probability, parse_range, SpecError, SpecItem};
 
 /// What happens to a matching engine job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,37 +71,15 @@ impl GpuFaultSpec {
     }
 }
 
-fn parse_range(text: &str) -> Result<(u64, u64), String> {
-    let (first, last) = match text.split_once('-') {
-        Some((a, b)) => (parse_number(a)?, parse_number(b)?),
-        None => {
-            let a = parse_number(text)?;
-            (a, a)
-        }
-    };
-    if last < first {
-        return Err(format!("{text}: the range ends before it starts"));
-    }
-    Ok((first, last))
-}
-
 impl FromStr for GpuFaultSpec {
     type Err = SpecError;
 
     fn from_str(text: &str) -> Result<Self, SpecError> {
         let mut items = text.split([',', ':']).map(str::trim);
-        let head = items.next().unwrap_or_default();
-        let (name, value) = match head.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (head, None),
-        };
-        let need_value = |what: &str| {
-            value.ok_or_else(|| error(head, format!("{name} needs a value ({name}={what})")))
-        };
-        let no_value = || match value {
-            Some(_) => Err(error(head, format!("{name} takes no value"))),
-            None => Ok(()),
-        };
+        let head_item = SpecItem::new(items.next().unwrap_or_default());
+        let (head, name) = (head_item.text, head_item.name);
+        let need_value = |what: &str| head_item.need_value(what);
+        let no_value = || head_item.no_value("takes no value");
         let action = match name {
             "job-error" => {
                 let code = parse_number(need_value("0x06")?).map_err(|m| error(head, m))?;
@@ -146,13 +124,9 @@ impl FromStr for GpuFaultSpec {
             probability: None,
         };
         for item in items {
-            let (key, value) = match item.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (item, None),
-            };
-            let value_of = |what: &str| {
-                value.ok_or_else(|| error(item, format!("{key} needs a value ({key}={what})")))
-            };
+            let option = SpecItem::new(item);
+            let key = option.name;
+            let value_of = |what: &str| option.need_value(what);
             match key {
                 "count" => {
                     let n = parse_number(value_of("N")?).map_err(|m| error(item, m))?;

@@ -272,7 +272,8 @@ pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
     Ok(p)
 }
 
-fn parse_lba(text: &str) -> Result<LbaRange, String> {
+/// `A-B` or `A` (decimal or 0x hex), inclusive, `A <= B`.
+pub(crate) fn parse_range(text: &str) -> Result<(u64, u64), String> {
     let (first, last) = match text.split_once('-') {
         Some((a, b)) => (parse_number(a)?, parse_number(b)?),
         None => {
@@ -283,7 +284,49 @@ fn parse_lba(text: &str) -> Result<LbaRange, String> {
     if last < first {
         return Err(format!("{text}: the range ends before it starts"));
     }
-    Ok(LbaRange { first, last })
+    Ok((first, last))
+}
+
+fn parse_lba(text: &str) -> Result<LbaRange, String> {
+    parse_range(text).map(|(first, last)| LbaRange { first, last })
+}
+
+/// One `name` or `name=value` item of a spec (its head or an option),
+/// with the errors that name it.
+#[derive(Clone, Copy)]
+pub(crate) struct SpecItem<'a> {
+    pub text: &'a str,
+    pub name: &'a str,
+    pub value: Option<&'a str>,
+}
+
+impl<'a> SpecItem<'a> {
+    pub(crate) fn new(text: &'a str) -> Self {
+        let (name, value) = match text.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (text, None),
+        };
+        SpecItem { text, name, value }
+    }
+
+    /// The value; `example` shows the form in the error.
+    pub(crate) fn need_value(&self, example: &str) -> Result<&'a str, SpecError> {
+        let name = self.name;
+        self.value.ok_or_else(|| {
+            error(
+                self.text,
+                format!("{name} needs a value ({name}={example})"),
+            )
+        })
+    }
+
+    /// Refuses a value on an item that takes none; `what` says why.
+    pub(crate) fn no_value(&self, what: &str) -> Result<(), SpecError> {
+        match self.value {
+            Some(_) => Err(error(self.text, format!("{} {what}", self.name))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl FromStr for FaultSpec {
@@ -291,18 +334,10 @@ impl FromStr for FaultSpec {
 
     fn from_str(text: &str) -> Result<Self, SpecError> {
         let mut items = text.split([',', ':']).map(str::trim);
-        let head = items.next().unwrap_or_default();
-        let (name, value) = match head.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (head, None),
-        };
-        let need_value = |what: &str| {
-            value.ok_or_else(|| error(head, format!("{name} needs a value ({name}={what})")))
-        };
-        let no_value = || match value {
-            Some(_) => Err(error(head, format!("{name} takes no value"))),
-            None => Ok(()),
-        };
+        let head_item = SpecItem::new(items.next().unwrap_or_default());
+        let (head, name) = (head_item.text, head_item.name);
+        let need_value = |what: &str| head_item.need_value(what);
+        let no_value = || head_item.no_value("takes no value");
         let mut action = match name {
             "status" => {
                 let raw = parse_number(need_value("0x281")?).map_err(|m| error(head, m))?;
@@ -386,17 +421,10 @@ impl FromStr for FaultSpec {
             after: None,
         };
         for item in items {
-            let (key, value) = match item.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (item, None),
-            };
-            let value_of = |what: &str| {
-                value.ok_or_else(|| error(item, format!("{key} needs a value ({key}={what})")))
-            };
-            let flag_only = || match value {
-                Some(_) => Err(error(item, format!("{key} is a flag and takes no value"))),
-                None => Ok(()),
-            };
+            let option = SpecItem::new(item);
+            let key = option.name;
+            let value_of = |what: &str| option.need_value(what);
+            let flag_only = || option.no_value("is a flag and takes no value");
             match key {
                 "dnr" => {
                     flag_only()?;
