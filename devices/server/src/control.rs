@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use p2plab_vfio_user::server::{current_uid, peer_uid};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -176,31 +177,14 @@ impl Drop for ControlServer {
     }
 }
 
-/// Refuses peers of another uid.
+/// Refuses peers of another uid (the same rule as the vfio-user socket).
 fn check_peer(stream: &UnixStream) -> io::Result<()> {
-    // SAFETY: `ucred` is plain data, for which all-zero is valid.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which is
-    // that large, and updates `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: geteuid has no side effects and cannot fail.
-    let ours = unsafe { libc::geteuid() };
-    if cred.uid != ours {
+    let peer = peer_uid(stream)?;
+    let ours = current_uid();
+    if peer != ours {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("peer uid {} is not ours ({ours})", cred.uid),
+            format!("peer uid {peer} is not ours ({ours})"),
         ));
     }
     Ok(())

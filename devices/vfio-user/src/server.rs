@@ -320,14 +320,14 @@ impl Server {
 }
 
 /// Our effective uid.
-fn current_uid() -> u32 {
+pub fn current_uid() -> u32 {
     // SAFETY: geteuid has no side effects and cannot fail.
     unsafe { libc::geteuid() }
 }
 
 /// The uid of the process at the other end of `stream` (SO_PEERCRED: the
 /// credentials it had when it connected).
-fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
     // SAFETY: `ucred` is plain data, for which all-zero is valid.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
