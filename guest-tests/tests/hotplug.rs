@@ -13,15 +13,23 @@
 //!    server on the same namespace file, `device_add` with the topology's
 //!    JSON: the namespace is back with the data written before the unplug,
 //!    its CMB is p2pmem again.
-//! 2. gpu0 with nobody using its p2pmem: the same, and the driver binds
-//!    again with VRAM published and a working engine.
+//! 2. gpu0 while a guest process has 1 MiB of its p2pmem mapped (through
+//!    sysfs `p2pmem/allocate`) and keeps reading a pattern from it: the
+//!    removal finishes within the bound (p2pdma removes the `allocate`
+//!    file, kernfs zaps its mappings, the pages' references drop), the
+//!    process dies of SIGBUS on its next access (exit status 135); then
+//!    the driver binds again with VRAM published and a working engine.
 //! 3. NVMe → GPU P2P between the two re-plugged devices.
 //!
 //! What it catches: QEMU aborting in vfio-user's finalize (the 11.1 bug the
 //! lab patches out, README "Hot unplug") — QEMU exits and every later step
 //! fails; a server that keeps the old client's state or does not notice
 //! the disconnect (no exit, no reset); a guest that hangs on removal (fio
-//! does not end) or oopses; a re-plugged device without its 64-bit BAR
+//! does not end, or the GPU's removal waits forever on mapped p2pmem
+//! pages: a driver that takes its own page references, or registers
+//! p2pmem outside devres so the mappings outlive the device) or oopses;
+//! a mapping that does not read back what was written through it (BAR
+//! writes lost or misrouted); a re-plugged device without its 64-bit BAR
 //! (no CMB / VRAM, the e820 clipping `pci=no_e820` avoids); a namespace
 //! that loses data across a server restart.
 
@@ -104,11 +112,40 @@ fio --name=after --filename=$ns --rw=randrw --bs=4k --iodepth=8 --ioengine=libai
   --offset=512M --size=8M --verify=crc32c --do_verify=1 >/run/p2plab/fio-after.out 2>&1
 say FIO_AFTER_STATUS $?
 
-# --- 2. gpu0, p2pmem published but unused --------------------------------------
+# --- 2. gpu0, p2pmem mapped by a live process ----------------------------------
 gpu=/sys/bus/pci/devices/$gpu_bdf
 say GPU_P2P_BEFORE "$(cat $gpu/p2pmem/published)"
-signal gpu-idle
+# A process maps 1 MiB of the GPU's p2pmem through sysfs, writes a pattern
+# and keeps reading it back. On removal the kernel must zap that mapping
+# (p2pdma removes the allocate file; kernfs unmaps its mmaps) so the
+# pages' references drop and the removal can finish; the next access then
+# faults with SIGBUS (exit status 128 + 7).
+cat > /tmp/p2pmem-user.py <<'PY'
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+pattern = bytes(range(256)) * 4096
+m[:] = pattern
+ok = m[:] == pattern
+print(f"MAPPED={int(ok)}", flush=True)
+if not ok:
+    sys.exit(3)
+while True:
+    if m[:] != pattern:
+        print("MISMATCH=1", flush=True)
+        sys.exit(4)
+    time.sleep(0.02)
+PY
+python3 /tmp/p2pmem-user.py $gpu/p2pmem/allocate > /run/p2plab/p2pmem-user.out 2>&1 &
+user_pid=$!
+i=0; until grep -q '^MAPPED=' /run/p2plab/p2pmem-user.out || ! kill -0 $user_pid 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i+1)); done
+say P2PMEM_MAPPED "$(sed -n 's/^MAPPED=//p' /run/p2plab/p2pmem-user.out)"
+signal gpu-mapped
 say GPU_PCI_GONE "$(gone_within 120 $gpu)"
+# The mapping's user must end by itself (SIGBUS), within a bound.
+i=0; while kill -0 $user_pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done
+if kill -0 $user_pid 2>/dev/null; then say P2PMEM_USER_ENDED 0; kill -9 $user_pid; else say P2PMEM_USER_ENDED 1; fi
+wait $user_pid; say P2PMEM_USER_STATUS $?
 say GPU_REMOVED "$(dmesg | grep -c "$gpu_bdf: p2plab-gpu0 removed")"
 signal gpu-gone
 wait_host gpu-replugged
@@ -235,8 +272,8 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     lab.write_guest_file("nvme-replugged", "")
         .expect("signalling the guest");
 
-    // 2. gpu0, idle.
-    lab.wait_guest_file("gpu-idle", PHASE_TIMEOUT)
+    // 2. gpu0, with a guest process touching its mapped p2pmem.
+    lab.wait_guest_file("gpu-mapped", PHASE_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let gpu_busy = lab.server_stats("gpu0").expect("gpu0 stats");
     let gpu_exit = unplug_and_replug(&mut lab, &mut qmp, "gpu0", "gpu-gone");
@@ -302,7 +339,26 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
 
     // gpu0 went and came back, engine working.
     assert_eq!(fact("GPU_P2P_BEFORE"), "1");
-    assert_eq!(fact("GPU_PCI_GONE"), "1");
+    assert_eq!(
+        fact("P2PMEM_MAPPED"),
+        "1",
+        "the pattern reads back through the mapping"
+    );
+    assert_eq!(
+        fact("GPU_PCI_GONE"),
+        "1",
+        "the removal hung on the mapped p2pmem"
+    );
+    assert_eq!(
+        fact("P2PMEM_USER_ENDED"),
+        "1",
+        "the mapping's user never faulted"
+    );
+    assert_eq!(
+        fact("P2PMEM_USER_STATUS"),
+        (128 + libc::SIGBUS).to_string(),
+        "the mapping's user dies of SIGBUS on its next access"
+    );
     assert_eq!(fact("GPU_REMOVED"), "1", "the driver's remove ran once");
     assert_eq!(fact("GPU_DRIVER_BACK"), "1");
     assert_eq!(fact("GPU_P2P_AFTER"), "1");
