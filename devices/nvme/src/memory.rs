@@ -88,6 +88,9 @@ pub struct PeerFaults {
     /// False while nothing is armed: the hot path skips the lock and the
     /// `locate` call.
     pub armed: Arc<AtomicBool>,
+    /// The controller's decoded trace: each fired injection is a `fault`
+    /// event marked `injected`.
+    pub trace: Arc<p2plab_trace::Tracer>,
 }
 
 /// The controller's view of the bus: addresses inside its enabled CMB or
@@ -152,6 +155,20 @@ impl DmaRouter {
             return Ok(());
         };
         self.stats.injected_faults.fetch_add(1, Ordering::Relaxed);
+        faults.trace.record("fault", || {
+            let (name, stall_us) = match effect {
+                PeerEffect::Fail => ("peer-fail", 0),
+                PeerEffect::Stall(d) => ("peer-stall", d.as_micros()),
+            };
+            serde_json::json!({
+                "name": name,
+                "addr": format!("{addr:#x}"),
+                "len": len,
+                "at": BusTarget::PeerBar.name(),
+                "stall_us": u64::try_from(stall_us).unwrap_or(u64::MAX),
+                "injected": true,
+            })
+        });
         match effect {
             PeerEffect::Fail => {
                 tracing::info!(addr, len, "injected peer-fail on a transfer to a peer BAR");
@@ -608,6 +625,11 @@ mod tests {
     }
 
     fn router_with_peer(spec: &str) -> (DmaRouter, Arc<Stats>) {
+        let (router, stats, _) = router_with_peer_traced(spec);
+        (router, stats)
+    }
+
+    fn router_with_peer_traced(spec: &str) -> (DmaRouter, Arc<Stats>, Arc<p2plab_trace::Tracer>) {
         let guest = FakeGuestMemory::new()
             .with_region(RAM, 0x10000)
             .with_peer_region(PEER, 0x10000);
@@ -615,11 +637,13 @@ mod tests {
         let mut router = DmaRouter::new(Arc::new(guest), None, Arc::clone(&stats));
         let mut injector = Injector::default();
         injector.arm(spec.parse().unwrap());
+        let trace = Arc::new(p2plab_trace::Tracer::new());
         router.attach_peer_faults(PeerFaults {
             injector: Arc::new(Mutex::new(injector)),
             armed: Arc::new(AtomicBool::new(true)),
+            trace: Arc::clone(&trace),
         });
-        (router, stats)
+        (router, stats, trace)
     }
 
     const RAM: u64 = 0x10_0000;
@@ -629,7 +653,14 @@ mod tests {
     /// them, never fires, or does not end as a Data Transfer Error.
     #[test]
     fn peer_fail_fails_one_transfer_to_a_peer_bar_only() {
-        let (r, stats) = router_with_peer("peer-fail,count=1");
+        let (r, stats, trace) = router_with_peer_traced("peer-fail,count=1");
+        let trace_file = std::env::temp_dir().join(format!(
+            "p2plab-nvme-peer-fail-{}.jsonl",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&trace_file);
+        trace.configure(&trace_file, "nvme-test");
+        trace.enable().unwrap();
         let mut buf = [0u8; 512];
         r.read(RAM, &mut buf).unwrap();
         r.write(RAM, &buf).unwrap();
@@ -642,6 +673,18 @@ mod tests {
         r.read(PEER, &mut buf).unwrap();
         let counters = stats.counters();
         assert_eq!((counters.injected_faults, counters.dma_faults), (1, 1));
+        trace.disable();
+        let text = std::fs::read_to_string(&trace_file).unwrap();
+        let _ = std::fs::remove_file(&trace_file);
+        let faults: Vec<_> = p2plab_trace::parse_lines(&text)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e["kind"] == "fault")
+            .collect();
+        assert_eq!(faults.len(), 1, "{text}");
+        assert_eq!(faults[0]["name"], "peer-fail");
+        assert_eq!(faults[0]["injected"], true);
+        assert_eq!(faults[0]["addr"], format!("{:#x}", PEER + 0x1000));
 
         // Through a command's data pointer: the status the guest sees.
         let (r, _) = router_with_peer("peer-fail");

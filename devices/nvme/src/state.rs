@@ -159,7 +159,8 @@ pub(crate) struct ControllerState {
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
     /// The decoded trace (off unless switched on).
-    pub trace: p2plab_trace::Tracer,
+    /// Shared with the DMA router, which records `peer-fail`/`peer-stall`.
+    pub trace: Arc<p2plab_trace::Tracer>,
 }
 
 /// How long a function reset waits for a worker that is not in the
@@ -179,9 +180,11 @@ impl ControllerState {
     ) -> Self {
         let faults = Arc::new(Mutex::new(Injector::default()));
         let faults_armed = Arc::new(AtomicBool::new(false));
+        let trace = Arc::new(p2plab_trace::Tracer::new());
         mem.attach_peer_faults(crate::memory::PeerFaults {
             injector: Arc::clone(&faults),
             armed: Arc::clone(&faults_armed),
+            trace: Arc::clone(&trace),
         });
         Self {
             cap,
@@ -206,7 +209,7 @@ impl ControllerState {
             cfg,
             queue_worker,
             stopped_workers: Mutex::new(Vec::new()),
-            trace: p2plab_trace::Tracer::new(),
+            trace,
         }
     }
 
