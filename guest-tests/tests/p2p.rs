@@ -82,6 +82,19 @@ dd if=$ns of=/tmp/back bs=1M skip=128 count=64 2>/dev/null
 echo "G2N_READBACK_CRC=$(p2plab-gpu-tool crc32c /tmp/back)"
 echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc)"
 
+# 7. A fault on the P2P path: every NVMe transfer into a peer BAR fails
+#    (peer-fail) while RAM transfers go on. Data Transfer Error has no DNR,
+#    so Linux retries max_retries times before the read fails with EIO.
+p2plab-ctl nvme0 inject peer-fail >/dev/null; echo "PEERFAULT_ARM_STATUS=$?"
+p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 4K --chunk 4K \
+  > /run/p2plab/peerfault.out 2>&1; echo "PEERFAULT_P2P_STATUS=$?"
+p2plab-ctl nvme0 status --json > /run/p2plab/peerfault-status.json; echo "PEERFAULT_CTL_STATUS=$?"
+p2plab-ctl nvme0 clear >/dev/null; echo "PEERFAULT_CLEAR_STATUS=$?"
+dd if=$ns of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; echo "PEERFAULT_RAM_STATUS=$?"
+echo "PEERFAULT_MAX_RETRIES=$(cat /sys/module/nvme_core/parameters/max_retries)"
+echo "PEERFAULT_DTE_LINES=$(dmesg | grep -c 'I/O Error (sct 0x0 / sc 0x4)')"
+sed 's/^/PEERFAULT_/' /run/p2plab/peerfault.out
+
 # The driver survives unbind/bind and unload/load with p2pmem in use before.
 # Every step's exit status counts: a write to unbind/bind fails when the
 # driver's remove/probe fails, rmmod when the module is still referenced.
@@ -296,6 +309,31 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         "{gpu}"
     );
     assert!(counter(&gpu, "bytes_filled") >= 64 << 20, "{gpu}");
+
+    // P2P path fault (catches a peer-fail that does not fire, fires on RAM
+    // transfers, or ends in anything but Data Transfer Error): the p2p read
+    // failed after Linux's retries, each attempt one injected fault; the
+    // RAM read right after succeeded.
+    for fact in [
+        "PEERFAULT_ARM_STATUS",
+        "PEERFAULT_CTL_STATUS",
+        "PEERFAULT_CLEAR_STATUS",
+        "PEERFAULT_RAM_STATUS",
+    ] {
+        run.expect(fact, "0");
+    }
+    assert_ne!(run.fact("PEERFAULT_P2P_STATUS"), "0");
+    run.expect("PEERFAULT_ERRORS", "1");
+    run.expect("PEERFAULT_BYTES", "0");
+    run.expect("PEERFAULT_DTE_LINES", "1");
+    let attempts = run.fact_u64("PEERFAULT_MAX_RETRIES") + 1;
+    let status_text = run.file("guest/peerfault-status.json");
+    let status: Value =
+        serde_json::from_str(&status_text).unwrap_or_else(|e| panic!("{e}: {status_text}"));
+    let armed = &status["faults"]["armed"];
+    assert_eq!(armed[0]["spec"], "peer-fail", "{status}");
+    assert_eq!(armed[0]["fired"].as_u64(), Some(attempts), "{status}");
+    assert_eq!(counter(&nvme, "injected_faults"), attempts, "{nvme}");
 
     // Driver lifecycle: every unbind, bind, rmmod and modprobe succeeded
     // and left the device bound and published.

@@ -8,6 +8,8 @@ use crate::{DmaFault, GuestMemory, HeapRegion, RegionMemory};
 #[derive(Default)]
 pub struct FakeGuestMemory {
     regions: Vec<(u64, HeapRegion)>,
+    /// Bases of the regions that stand for a peer device's BAR.
+    peer_bases: Vec<u64>,
 }
 
 impl FakeGuestMemory {
@@ -22,12 +24,26 @@ impl FakeGuestMemory {
         self
     }
 
+    /// Adds `size` bytes of zeroed memory at `base` that [`locate`]
+    /// reports as a peer device's BAR (data moves as for RAM).
+    ///
+    /// [`locate`]: GuestMemory::locate
+    pub fn with_peer_region(mut self, base: u64, size: usize) -> Self {
+        self.peer_bases.push(base);
+        self.with_region(base, size)
+    }
+
     fn find(&self, addr: u64, len: usize) -> Result<(&HeapRegion, u64), DmaFault> {
+        self.find_with_base(addr, len)
+            .map(|(_, region, offset)| (region, offset))
+    }
+
+    fn find_with_base(&self, addr: u64, len: usize) -> Result<(u64, &HeapRegion, u64), DmaFault> {
         for (base, region) in &self.regions {
             if let Some(offset) = addr.checked_sub(*base) {
                 let end = offset.checked_add(len as u64);
                 if end.is_some_and(|end| end <= region.size()) {
-                    return Ok((region, offset));
+                    return Ok((*base, region, offset));
                 }
             }
         }
@@ -46,9 +62,11 @@ impl GuestMemory for FakeGuestMemory {
         region.write(offset, data)
     }
 
-    /// Its regions stand for guest RAM.
+    /// Its regions stand for guest RAM, except those added with
+    /// [`with_peer_region`](FakeGuestMemory::with_peer_region).
     fn locate(&self, addr: u64, len: u64) -> crate::BusTarget {
-        match usize::try_from(len.max(1)).map(|len| self.find(addr, len)) {
+        match usize::try_from(len.max(1)).map(|len| self.find_with_base(addr, len)) {
+            Ok(Ok((base, _, _))) if self.peer_bases.contains(&base) => crate::BusTarget::PeerBar,
             Ok(Ok(_)) => crate::BusTarget::Ram,
             _ => crate::BusTarget::Unmapped,
         }

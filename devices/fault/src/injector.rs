@@ -40,6 +40,16 @@ impl Decision {
     }
 }
 
+/// What the armed specs do to one data transfer whose target is a peer
+/// BAR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerEffect {
+    /// The transfer fails (the command: Data Transfer Error).
+    Fail,
+    /// The transfer waits this long, then goes ahead.
+    Stall(Duration),
+}
+
 /// One armed spec and what it has done.
 #[derive(Debug, Clone)]
 pub struct Armed {
@@ -276,6 +286,7 @@ impl Injector {
         for i in 0..self.armed.len() {
             let spec = self.armed[i].spec;
             if spec.action == Action::MediaError
+                || spec.action.is_peer()
                 || self.armed[i].remaining() == Some(0)
                 || !spec.matches(cmd)
             {
@@ -315,10 +326,47 @@ impl Injector {
                     });
                     d.corrupt = spec.filter.lba.or(whole);
                 }
-                Action::MediaError => {}
+                Action::MediaError | Action::PeerFail | Action::PeerStall(_) => {}
             }
         }
         d
+    }
+
+    /// What the armed `peer-fail`/`peer-stall` specs do to one data
+    /// transfer to a peer BAR (counting those that fire). A failure wins
+    /// over stalls; stalls add up. Transfers elsewhere never ask, so they
+    /// spend no `count=`.
+    pub fn peer_transfer(&mut self) -> Option<PeerEffect> {
+        let mut fail = false;
+        let mut stall = Duration::ZERO;
+        let mut fired = false;
+        for i in 0..self.armed.len() {
+            let spec = self.armed[i].spec;
+            if !spec.action.is_peer() || self.armed[i].remaining() == Some(0) {
+                continue;
+            }
+            if let Some(p) = spec.probability {
+                if self.roll() >= p {
+                    continue;
+                }
+            }
+            if spec.after.is_some_and(|n| self.armed[i].passed < n) {
+                self.armed[i].passed += 1;
+                continue;
+            }
+            self.armed[i].fired += 1;
+            fired = true;
+            match spec.action {
+                Action::PeerFail => fail = true,
+                Action::PeerStall(d) => stall += d,
+                _ => {}
+            }
+        }
+        match (fired, fail) {
+            (false, _) => None,
+            (true, true) => Some(PeerEffect::Fail),
+            (true, false) => Some(PeerEffect::Stall(stall)),
+        }
     }
 
     /// Every armed spec.
@@ -495,6 +543,25 @@ mod tests {
         bad.repair(1, 0, 1000);
         assert!(bad.is_empty());
         assert!(inj.is_idle());
+    }
+
+    /// Catches peer specs that fire on whole commands (and so on RAM
+    /// transfers), or whose count is not honoured per peer transfer.
+    #[test]
+    fn peer_specs_fire_on_peer_transfers_only() {
+        let mut inj = Injector::default();
+        inj.arm(spec("peer-fail,count=1"));
+        inj.arm(spec("peer-stall=3ms,count=2"));
+        assert!(inj.decide(&read(0, 1)).is_none(), "not a command fault");
+        assert_eq!(inj.peer_transfer(), Some(PeerEffect::Fail));
+        assert_eq!(
+            inj.peer_transfer(),
+            Some(PeerEffect::Stall(Duration::from_millis(3)))
+        );
+        assert_eq!(inj.peer_transfer(), None);
+        assert!(inj.is_idle());
+        let fired: Vec<_> = inj.report().iter().map(|r| r.fired).collect();
+        assert_eq!(fired, vec![1, 2]);
     }
 
     #[test]

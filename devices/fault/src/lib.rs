@@ -18,7 +18,7 @@ mod injector;
 mod spec;
 
 pub use gpu::{GpuAction, GpuDecision, GpuFaultSpec, GpuInjector};
-pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector};
+pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector, PeerEffect};
 pub use spec::{
     Action, CommandInfo, CommandSet, FaultSpec, Filter, LbaRange, Opcode, SpecError, MAX_LATENCY,
 };

@@ -4,7 +4,7 @@
 //! SPEC   := ACTION { (',' | ':') ITEM }
 //! ACTION := status=SCT_SC | ns-not-ready | media-error | timeout
 //!         | latency=DURATION[-DURATION] | cfs | internal-error | drop-irq
-//!         | delay-irq=DURATION | corrupt
+//!         | delay-irq=DURATION | corrupt | peer-fail | peer-stall=DURATION
 //! ITEM   := dnr | more | no-abort | count=N | prob=P | after=N | opcode=NAME|0xNN
 //!         | admin-opcode=NAME|0xNN | queue=N | nsid=N | lba=A[-B]
 //! ```
@@ -52,6 +52,21 @@ pub enum Action {
     /// A read returns its data with one bit flipped in every block of the
     /// range.
     Corrupt,
+    /// A data transfer whose target lies in a peer device's BAR fails (the
+    /// command completes with Data Transfer Error); transfers to RAM and
+    /// to the controller's own CMB/PMR are untouched.
+    PeerFail,
+    /// A data transfer to a peer BAR waits this long, then completes
+    /// normally.
+    PeerStall(Duration),
+}
+
+impl Action {
+    /// Whether the action works on transfers to peer BARs rather than on
+    /// whole commands.
+    pub fn is_peer(&self) -> bool {
+        matches!(self, Action::PeerFail | Action::PeerStall(_))
+    }
 }
 
 /// Which command set an opcode belongs to.
@@ -402,13 +417,21 @@ impl FromStr for FaultSpec {
                 no_value()?;
                 Action::Corrupt
             }
+            "peer-fail" => {
+                no_value()?;
+                Action::PeerFail
+            }
+            "peer-stall" => {
+                Action::PeerStall(parse_duration(need_value("5ms")?).map_err(|m| error(head, m))?)
+            }
             "" => return Err(error(text, "empty spec")),
             other => {
                 return Err(error(
                     head,
                     format!(
                         "{other:?} is not a fault (status=, ns-not-ready, media-error, timeout, \
-                         latency=, cfs, internal-error, drop-irq, delay-irq=, corrupt)"
+                         latency=, cfs, internal-error, drop-irq, delay-irq=, corrupt, peer-fail, \
+                         peer-stall=)"
                     ),
                 ))
             }
@@ -538,6 +561,18 @@ impl FaultSpec {
             Action::Corrupt if f.admin() || f.opcode.is_some_and(|o| o.value != 0x02) => {
                 return Err("corrupt applies to Read data only".into());
             }
+            Action::PeerFail | Action::PeerStall(_)
+                if f.opcode.is_some()
+                    || f.queue.is_some()
+                    || f.nsid.is_some()
+                    || f.lba.is_some() =>
+            {
+                return Err(
+                    "peer-fail and peer-stall apply to every transfer to a peer BAR: no opcode=, \
+                     admin-opcode=, queue=, nsid= or lba="
+                        .into(),
+                );
+            }
             Action::ControllerFatal | Action::InternalError => {
                 // Once, unless asked: after the reset that CFS causes, the
                 // controller must be able to come back.
@@ -623,6 +658,8 @@ impl fmt::Display for FaultSpec {
             Action::InternalError => f.write_str("internal-error")?,
             Action::DropInterrupt => f.write_str("drop-irq")?,
             Action::Corrupt => f.write_str("corrupt")?,
+            Action::PeerFail => f.write_str("peer-fail")?,
+            Action::PeerStall(d) => write!(f, "peer-stall={}", format_duration(d))?,
         }
         if let Some(n) = self.count {
             write!(f, ",count={n}")?;
@@ -732,6 +769,12 @@ mod tests {
         assert_eq!(bug.to_string(), parse(&bug.to_string()).to_string());
         assert_eq!(parse("drop-irq:count=1").action, Action::DropInterrupt);
         assert_eq!(parse("corrupt:lba=8-15").action, Action::Corrupt);
+        assert_eq!(parse("peer-fail:count=1").action, Action::PeerFail);
+        assert_eq!(
+            parse("peer-stall=5ms").action,
+            Action::PeerStall(Duration::from_millis(5))
+        );
+        assert!(parse("peer-stall=5ms").action.is_peer());
         assert_eq!(
             parse("ns-not-ready,nsid=2").action,
             Action::NamespaceNotReady { dnr: false }
@@ -763,6 +806,8 @@ mod tests {
             "cfs,count=1",
             "drop-irq,count=1",
             "corrupt,lba=7",
+            "peer-fail,count=1",
+            "peer-stall=5ms,prob=0.5,after=2",
             "status=0x006,admin-opcode=identify",
             "status=0x006,admin-opcode=0x7f",
             "status=0x002,opcode=0x99",
@@ -805,6 +850,10 @@ mod tests {
             ("status=0x4,colour=red", "colour=red"),
             ("status=0x4,dnr=1", "dnr=1"),
             ("cfs=1", "cfs=1"),
+            ("peer-fail=1", "peer-fail=1"),
+            ("peer-fail,dnr", "dnr"),
+            ("peer-stall", "peer-stall"),
+            ("peer-stall=5h", "peer-stall=5h"),
         ];
         for (text, item) in cases {
             let e = refuse(text);
@@ -816,6 +865,8 @@ mod tests {
             "media-error,lba=1-2,count=1",
             "media-error,lba=1-2,opcode=read",
             "corrupt,opcode=write",
+            "peer-fail,opcode=read",
+            "peer-stall=1ms,lba=0-7",
             "status=0x4,queue=0,opcode=read",
             "status=0x4,queue=1,admin-opcode=identify",
             "",

@@ -126,8 +126,8 @@ struct Args {
     /// `p2plab-ctl inject` takes it: e.g. `status=0x281,dnr,count=3,opcode=read`,
     /// `media-error:lba=100-199`, `timeout,count=1,opcode=read`,
     /// `latency=5ms:opcode=write`, `cfs,opcode=write`, `drop-irq,count=1`,
-    /// `corrupt:lba=8-15`, `ns-not-ready`. See README "Breaking things on
-    /// purpose".
+    /// `corrupt:lba=8-15`, `ns-not-ready`, `peer-fail,count=1`. See README
+    /// "Breaking things on purpose".
     #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
     injections: Vec<FaultSpec>,
 }

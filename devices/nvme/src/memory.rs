@@ -8,10 +8,11 @@
 //! transport's DMA space over as is. What is NVMe-specific stays here: the
 //! CMB/PMR windows ([`DmaRouter`]) and the file-backed PMR ([`FileRegion`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use p2plab_dma::{checked_range, DmaFault, GuestMemory, RegionMemory};
+use p2plab_dma::{checked_range, BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
+use p2plab_fault::{Injector, PeerEffect};
 
 use crate::stats::Stats;
 
@@ -77,6 +78,21 @@ enum Target {
     Pmr(u64),
 }
 
+/// The controller's armed injections, shared with the router so that
+/// `peer-fail`/`peer-stall` act on each transfer to a peer BAR: only the
+/// router sees where a transfer goes, and only those transfers may spend a
+/// spec's `count=`.
+#[derive(Clone)]
+pub struct PeerFaults {
+    pub injector: Arc<Mutex<Injector>>,
+    /// False while nothing is armed: the hot path skips the lock and the
+    /// `locate` call.
+    pub armed: Arc<AtomicBool>,
+    /// The controller's decoded trace: each fired injection is a `fault`
+    /// event marked `injected`.
+    pub trace: Arc<p2plab_trace::Tracer>,
+}
+
 /// The controller's view of the bus: addresses inside its enabled CMB or
 /// PMR are served from local memory, everything else from guest memory.
 /// Accesses that straddle a window edge are split.
@@ -85,6 +101,7 @@ pub struct DmaRouter {
     cmb: Window,
     pmr: Window,
     stats: Arc<Stats>,
+    peer_faults: Option<PeerFaults>,
 }
 
 impl DmaRouter {
@@ -107,6 +124,66 @@ impl DmaRouter {
             cmb: Window::new(cmb),
             pmr: Window::new(pmr),
             stats,
+            peer_faults: None,
+        }
+    }
+
+    /// Lets armed `peer-fail`/`peer-stall` injections act on transfers to
+    /// peer BARs.
+    pub fn attach_peer_faults(&mut self, faults: PeerFaults) {
+        self.peer_faults = Some(faults);
+    }
+
+    /// An injected `peer-fail` or `peer-stall` on a transfer of
+    /// `[addr, addr+len)` to guest memory, when that is a peer BAR.
+    fn inject_peer_fault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        let Some(faults) = &self.peer_faults else {
+            return Ok(());
+        };
+        if !faults.armed.load(Ordering::Acquire)
+            || self.guest.locate(addr, len) != BusTarget::PeerBar
+        {
+            return Ok(());
+        }
+        let effect = {
+            let mut injector = crate::lock(&faults.injector);
+            let effect = injector.peer_transfer();
+            faults.armed.store(!injector.is_idle(), Ordering::Release);
+            effect
+        };
+        let Some(effect) = effect else {
+            return Ok(());
+        };
+        self.stats.injected_faults.fetch_add(1, Ordering::Relaxed);
+        faults.trace.record("fault", || {
+            let (name, stall_us) = match effect {
+                PeerEffect::Fail => ("peer-fail", 0),
+                PeerEffect::Stall(d) => ("peer-stall", d.as_micros()),
+            };
+            serde_json::json!({
+                "name": name,
+                "addr": format!("{addr:#x}"),
+                "len": len,
+                "at": BusTarget::PeerBar.name(),
+                "stall_us": u64::try_from(stall_us).unwrap_or(u64::MAX),
+                "injected": true,
+            })
+        });
+        match effect {
+            PeerEffect::Fail => {
+                tracing::info!(addr, len, "injected peer-fail on a transfer to a peer BAR");
+                Err(DmaFault::new(
+                    DmaFaultKind::Injected,
+                    addr,
+                    len,
+                    "injected peer-fail",
+                ))
+            }
+            PeerEffect::Stall(delay) => {
+                tracing::info!(addr, len, ?delay, "injected peer-stall");
+                std::thread::sleep(delay);
+                Ok(())
+            }
         }
     }
 
@@ -222,9 +299,12 @@ impl DmaRouter {
             let part = &mut buf[done..done + len];
             match self.local(target) {
                 Some((memory, offset)) => memory.read(offset, part)?,
-                None => self.guest.read(at, part).inspect_err(|_| {
-                    self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-                })?,
+                None => self
+                    .inject_peer_fault(at, len as u64)
+                    .and_then(|()| self.guest.read(at, part))
+                    .inspect_err(|_| {
+                        self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+                    })?,
             }
             Self::account(&mut placement, target, len as u64);
             done += len;
@@ -245,9 +325,12 @@ impl DmaRouter {
             let part = &data[done..done + len];
             match self.local(target) {
                 Some((memory, offset)) => memory.write(offset, part)?,
-                None => self.guest.write(at, part).inspect_err(|_| {
-                    self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-                })?,
+                None => self
+                    .inject_peer_fault(at, len as u64)
+                    .and_then(|()| self.guest.write(at, part))
+                    .inspect_err(|_| {
+                        self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+                    })?,
             }
             Self::account(&mut placement, target, len as u64);
             done += len;
@@ -539,5 +622,97 @@ mod tests {
         let r = router();
         let mut b = [0u8; 8];
         assert!(r.read(u64::MAX - 3, &mut b).is_err());
+    }
+
+    fn router_with_peer(spec: &str) -> (DmaRouter, Arc<Stats>) {
+        let (router, stats, _) = router_with_peer_traced(spec);
+        (router, stats)
+    }
+
+    fn router_with_peer_traced(spec: &str) -> (DmaRouter, Arc<Stats>, Arc<p2plab_trace::Tracer>) {
+        let guest = FakeGuestMemory::new()
+            .with_region(RAM, 0x10000)
+            .with_peer_region(PEER, 0x10000);
+        let stats = Arc::new(Stats::default());
+        let mut router = DmaRouter::new(Arc::new(guest), None, Arc::clone(&stats));
+        let mut injector = Injector::default();
+        injector.arm(spec.parse().unwrap());
+        let trace = Arc::new(p2plab_trace::Tracer::new());
+        router.attach_peer_faults(PeerFaults {
+            injector: Arc::new(Mutex::new(injector)),
+            armed: Arc::new(AtomicBool::new(true)),
+            trace: Arc::clone(&trace),
+        });
+        (router, stats, trace)
+    }
+
+    const RAM: u64 = 0x10_0000;
+    const PEER: u64 = 0xe000_0000;
+
+    /// Catches a peer-fail that hits RAM transfers, spends its count on
+    /// them, never fires, or does not end as a Data Transfer Error.
+    #[test]
+    fn peer_fail_fails_one_transfer_to_a_peer_bar_only() {
+        let (r, stats, trace) = router_with_peer_traced("peer-fail,count=1");
+        let trace_file = std::env::temp_dir().join(format!(
+            "p2plab-nvme-peer-fail-{}.jsonl",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&trace_file);
+        trace.configure(&trace_file, "nvme-test");
+        trace.enable().unwrap();
+        let mut buf = [0u8; 512];
+        r.read(RAM, &mut buf).unwrap();
+        r.write(RAM, &buf).unwrap();
+        let fault = r.write(PEER + 0x1000, &buf).unwrap_err();
+        assert_eq!(
+            (fault.kind, fault.addr),
+            (DmaFaultKind::Injected, PEER + 0x1000)
+        );
+        r.write(PEER + 0x1000, &buf).unwrap();
+        r.read(PEER, &mut buf).unwrap();
+        let counters = stats.counters();
+        assert_eq!((counters.injected_faults, counters.dma_faults), (1, 1));
+        trace.disable();
+        let text = std::fs::read_to_string(&trace_file).unwrap();
+        let _ = std::fs::remove_file(&trace_file);
+        let faults: Vec<_> = p2plab_trace::parse_lines(&text)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e["kind"] == "fault")
+            .collect();
+        assert_eq!(faults.len(), 1, "{text}");
+        assert_eq!(faults[0]["name"], "peer-fail");
+        assert_eq!(faults[0]["injected"], true);
+        assert_eq!(faults[0]["addr"], format!("{:#x}", PEER + 0x1000));
+
+        // Through a command's data pointer: the status the guest sees.
+        let (r, _) = router_with_peer("peer-fail");
+        let page = 4096;
+        let to_peer = crate::datapointer::map_prp(&r, PEER, 0, 512, page).unwrap();
+        assert_eq!(
+            to_peer.write_to_host(&r, &[7; 512]),
+            Err(crate::spec::Status::DATA_TRANSFER_ERROR)
+        );
+        let to_ram = crate::datapointer::map_prp(&r, RAM, 0, 512, page).unwrap();
+        to_ram.write_to_host(&r, &[7; 512]).unwrap();
+    }
+
+    /// Catches a peer-stall that does not wait, fails the transfer, or
+    /// delays RAM transfers.
+    #[test]
+    fn peer_stall_delays_peer_transfers_then_moves_the_data() {
+        let stall = std::time::Duration::from_millis(30);
+        let (r, stats) = router_with_peer("peer-stall=30ms,count=1");
+        let started = std::time::Instant::now();
+        r.write(RAM, &[1; 64]).unwrap();
+        assert!(started.elapsed() < stall, "RAM transfers are not stalled");
+        let started = std::time::Instant::now();
+        r.write(PEER, &[9; 64]).unwrap();
+        assert!(started.elapsed() >= stall);
+        let mut back = [0u8; 64];
+        r.read(PEER, &mut back).unwrap();
+        assert_eq!(back, [9; 64]);
+        assert_eq!(stats.counters().injected_faults, 1);
     }
 }

@@ -149,8 +149,9 @@ pub(crate) struct ControllerState {
     pub totals: NamespaceCounters,
     /// Armed fault injections and bad blocks; `faults_armed` lets the hot
     /// path skip the lock while nothing is armed.
-    faults: Mutex<Injector>,
-    faults_armed: AtomicBool,
+    /// Shared with the DMA router, which applies `peer-fail`/`peer-stall`.
+    faults: Arc<Mutex<Injector>>,
+    faults_armed: Arc<AtomicBool>,
     /// Commands held by an injected `timeout`.
     pub held: Mutex<Vec<HeldCommand>>,
     queue_worker: QueueWorker,
@@ -158,7 +159,8 @@ pub(crate) struct ControllerState {
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
     /// The decoded trace (off unless switched on).
-    pub trace: p2plab_trace::Tracer,
+    /// Shared with the DMA router, which records `peer-fail`/`peer-stall`.
+    pub trace: Arc<p2plab_trace::Tracer>,
 }
 
 /// How long a function reset waits for a worker that is not in the
@@ -171,11 +173,19 @@ impl ControllerState {
         cfg: ControllerConfig,
         cap: u64,
         namespaces: Vec<Arc<Namespace>>,
-        mem: DmaRouter,
+        mut mem: DmaRouter,
         irq: Arc<dyn Interrupts>,
         stats: Arc<Stats>,
         queue_worker: QueueWorker,
     ) -> Self {
+        let faults = Arc::new(Mutex::new(Injector::default()));
+        let faults_armed = Arc::new(AtomicBool::new(false));
+        let trace = Arc::new(p2plab_trace::Tracer::new());
+        mem.attach_peer_faults(crate::memory::PeerFaults {
+            injector: Arc::clone(&faults),
+            armed: Arc::clone(&faults_armed),
+            trace: Arc::clone(&trace),
+        });
         Self {
             cap,
             regs: Mutex::new(Regs::default()),
@@ -193,13 +203,13 @@ impl ControllerState {
             busy_nanos: AtomicU64::new(0),
             media_errors: AtomicU64::new(0),
             totals: NamespaceCounters::default(),
-            faults: Mutex::new(Injector::default()),
-            faults_armed: AtomicBool::new(false),
+            faults,
+            faults_armed,
             held: Mutex::new(Vec::new()),
             cfg,
             queue_worker,
             stopped_workers: Mutex::new(Vec::new()),
-            trace: p2plab_trace::Tracer::new(),
+            trace,
         }
     }
 
