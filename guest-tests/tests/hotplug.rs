@@ -3,7 +3,9 @@
 //! and the host meet through files in `/run/p2plab` (the run folder's
 //! `guest/`).
 //!
-//! 1. nvme0 while the guest runs fio reads on it: `device_del` from its
+//! 1. nvme0 while the guest runs fio reads on it and P2P reads from it
+//!    into gpu0's p2pmem (a `p2plab-p2pio` loop, which must end by itself
+//!    too): `device_del` from its
 //!    downstream port, the guest's ACPI hotplug (acpiphp: QEMU's q35 does
 //!    not hand native PCIe hotplug to the OS) unbinds the driver and
 //!    ejects the slot; fio ends with an error (EIO, or ENOENT when it
@@ -88,15 +90,30 @@ fio --name=unplug --filename=$ns --rw=randread --bs=4k --iodepth=16 --ioengine=l
   --direct=1 --loops=1000000 --size=64M \
   --output-format=json --output=/run/p2plab/fio-unplug.json >/dev/null 2>/run/p2plab/fio-unplug.err &
 fio_pid=$!
-# Unplug only once reads are flowing: the disk's read count grows.
+# Beside fio, P2P reads from nvme0 straight into gpu0's p2pmem, in a loop
+# that counts the passes it completed: the removal lands on P2P DMA too.
+( n=0
+  while p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 16M --chunk 1M > /run/p2plab/p2p-unplug.out 2>&1; do
+    n=$((n+1)); echo $n > /run/p2plab/p2p-passes
+  done ) &
+p2p_pid=$!
+# Unplug only once reads are flowing: the disk's read count grows, and at
+# least one P2P pass has completed.
 r0=$(awk '{print $1}' $disk/stat)
 i=0; while [ "$(awk '{print $1}' $disk/stat)" -lt $((r0 + 1000)) ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+i=0; until [ -s /run/p2plab/p2p-passes ] || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done
 say FIO_READS_BEFORE_UNPLUG $(( $(awk '{print $1}' $disk/stat) - r0 ))
+say P2P_PASSES_BEFORE_UNPLUG "$(cat /run/p2plab/p2p-passes 2>/dev/null || echo 0)"
 signal nvme-busy
 # fio must end by itself (an I/O error), within a bound after the unplug.
 i=0; while kill -0 $fio_pid 2>/dev/null && [ $i -lt 900 ]; do sleep 0.2; i=$((i+1)); done
 if kill -0 $fio_pid 2>/dev/null; then say FIO_ENDED 0; kill -9 $fio_pid; else say FIO_ENDED 1; fi
 wait $fio_pid; say FIO_STATUS $?
+# So must the P2P loop: its pass in flight fails (EIO, or the vanished
+# disk at the next open) and the loop stops.
+i=0; while kill -0 $p2p_pid 2>/dev/null && [ $i -lt 900 ]; do sleep 0.2; i=$((i+1)); done
+if kill -0 $p2p_pid 2>/dev/null; then say P2P_ENDED 0; kill -9 $p2p_pid; else say P2P_ENDED 1; fi
+wait $p2p_pid
 say NVME_PCI_GONE "$(gone_within 60 /sys/bus/pci/devices/$nvme_bdf)"
 say NVME_DISK_GONE "$(gone_within 60 $disk)"
 signal nvme-gone
@@ -300,6 +317,15 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     assert!(number("FIO_READS_BEFORE_UNPLUG") >= 1000);
     assert_eq!(fact("FIO_ENDED"), "1", "fio hung on the removed disk");
     assert_ne!(fact("FIO_STATUS"), "0", "fio must fail");
+    assert!(
+        number("P2P_PASSES_BEFORE_UNPLUG") >= 1,
+        "P2P reads into gpu0 were flowing at the unplug"
+    );
+    assert_eq!(
+        fact("P2P_ENDED"),
+        "1",
+        "the P2P reader hung on the removed disk"
+    );
     let fio_json =
         std::fs::read_to_string(run_dir.join("guest/fio-unplug.json")).expect("fio's JSON report");
     // fio may print a warning line before the JSON document.
