@@ -16,7 +16,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::injector::ArmedReport;
+use crate::injector::{ArmedReport, Dice};
 use crate::spec::{error, parse_number, parse_probability, parse_range, SpecError, SpecItem};
 
 /// What happens to a matching engine job.
@@ -237,8 +237,7 @@ impl GpuArmed {
 pub struct GpuInjector {
     armed: Vec<GpuArmed>,
     next_id: u64,
-    /// xorshift64 state: probabilities are reproducible run to run.
-    rng: u64,
+    rng: Dice,
 }
 
 impl Default for GpuInjector {
@@ -246,7 +245,7 @@ impl Default for GpuInjector {
         Self {
             armed: Vec::new(),
             next_id: 1,
-            rng: 0x9e37_79b9_7f4a_7c15,
+            rng: Dice::default(),
         }
     }
 }
@@ -271,12 +270,7 @@ impl GpuInjector {
     }
 
     fn roll(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.roll()
     }
 
     /// Which job specs fire on a job with `opcode` (counting them as fired).
@@ -335,12 +329,7 @@ impl GpuInjector {
     pub fn report(&self) -> Vec<ArmedReport> {
         self.armed
             .iter()
-            .map(|a| ArmedReport {
-                id: a.id,
-                spec: a.spec.to_string(),
-                fired: a.fired,
-                remaining: a.remaining(),
-            })
+            .map(|a| ArmedReport::new(a.id, &a.spec, a.fired, a.spec.count))
             .collect()
     }
 }

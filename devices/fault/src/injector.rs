@@ -78,6 +78,42 @@ pub struct ArmedReport {
     pub remaining: Option<u64>,
 }
 
+impl ArmedReport {
+    /// The report of spec `id`, armed as `spec` (printed in its canonical
+    /// form), that fired `fired` times of at most `count`.
+    pub fn new(id: u64, spec: &impl std::fmt::Display, fired: u64, count: Option<u64>) -> Self {
+        Self {
+            id,
+            spec: spec.to_string(),
+            fired,
+            remaining: count.map(|c| c.saturating_sub(fired)),
+        }
+    }
+}
+
+/// The dice behind `prob=`: xorshift64 from a fixed seed, so a test's
+/// probabilities fire on the same commands run to run.
+#[derive(Debug, Clone)]
+pub(crate) struct Dice(u64);
+
+impl Default for Dice {
+    fn default() -> Self {
+        Dice(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+impl Dice {
+    /// A number in [0, 1).
+    pub(crate) fn roll(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// A bad-block range as `status` reports it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct BadRangeReport {
@@ -184,8 +220,7 @@ pub struct Injector {
     armed: Vec<Armed>,
     next_id: u64,
     bad: BadBlocks,
-    /// xorshift64 state: probabilities are reproducible run to run.
-    rng: u64,
+    rng: Dice,
 }
 
 impl Default for Injector {
@@ -194,7 +229,7 @@ impl Default for Injector {
             armed: Vec::new(),
             next_id: 1,
             bad: BadBlocks::default(),
-            rng: 0x9e37_79b9_7f4a_7c15,
+            rng: Dice::default(),
         }
     }
 }
@@ -272,12 +307,7 @@ impl Injector {
     }
 
     fn roll(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.roll()
     }
 
     /// Which armed specs fire on this command (counting them as fired).
@@ -378,12 +408,7 @@ impl Injector {
     pub fn report(&self) -> Vec<ArmedReport> {
         self.armed
             .iter()
-            .map(|a| ArmedReport {
-                id: a.id,
-                spec: a.spec.to_string(),
-                fired: a.fired,
-                remaining: a.remaining(),
-            })
+            .map(|a| ArmedReport::new(a.id, &a.spec, a.fired, a.spec.count))
             .collect()
     }
 }
