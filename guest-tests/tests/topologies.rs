@@ -312,6 +312,13 @@ dd if=$ns bs=4k count=2048 skip=8192 iflag=direct 2>/dev/null | cmp -s - <(head 
     let unmaps = log.matches("dma_cmds: DMA_UNMAP ").count();
     assert!(maps >= 4096, "{maps} DMA_MAPs");
     assert!(unmaps >= 4096, "{unmaps} DMA_UNMAPs");
+    // None refused: the topology's --max-fd-dma-maps covers the pages in
+    // flight (the default 256 does not: ENOSPC, then RAM DMA faults).
+    let refused_maps = log
+        .lines()
+        .filter(|l| l.contains("refused") && l.contains("cmd=\"DMA_MAP\""))
+        .count();
+    assert_eq!(refused_maps, 0, "DMA_MAPs refused by the NVMe server");
 
     // The kernel allowed the pair (bus-address mapping): no refusal or
     // redirect message.

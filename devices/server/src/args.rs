@@ -76,6 +76,17 @@ pub struct ServerArgs {
     /// with the extension .trace.jsonl.
     #[arg(long, value_name = "PATH", display_order = AFTER_DEVICE_FLAGS + 10)]
     pub trace_file: Option<PathBuf>,
+
+    /// Most client memory ranges mapped with an fd at once (1..=65535);
+    /// more DMA_MAPs get ENOSPC. Without a vIOMMU QEMU sends a handful
+    /// (guest RAM around its holes). Behind a vIOMMU every 4 KiB page the
+    /// guest maps for DMA is one such range, so the limit must cover the
+    /// pages of all I/O in flight (a single 1 MiB request is 256). Each
+    /// range keeps one file open, so it must also fit RLIMIT_NOFILE.
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=65535),
+          display_order = AFTER_DEVICE_FLAGS + 11)]
+    pub max_fd_dma_maps: u32,
 }
 
 /// An octal file mode of at most 0777 ("0600", "600" or "0o600").
@@ -97,6 +108,7 @@ impl ServerArgs {
         config.socket_mode = self.socket_mode;
         config.allowed_uids = self.allow_uid.clone();
         config.record_session = self.record_session.clone();
+        config.max_fd_dma_maps = self.max_fd_dma_maps;
         config
     }
 
@@ -205,6 +217,22 @@ mod tests {
         assert_eq!(config.socket_mode, 0o600, "only our uid by default");
         assert!(config.allowed_uids.is_empty());
         assert_eq!(config.record_session, None);
+        assert_eq!(config.max_fd_dma_maps, 256);
+    }
+
+    /// Catches a --max-fd-dma-maps that does not reach the transport, or
+    /// that accepts a value the transport would refuse at startup.
+    #[test]
+    fn max_fd_dma_maps_reaches_the_transport_within_its_range() {
+        let parse = |n: &str| {
+            DeviceArgs::try_parse_from(["dev", "--socket", "s", "--max-fd-dma-maps", n])
+                .map(|a| a.server.server_config().max_fd_dma_maps)
+        };
+        assert_eq!(parse("4096").unwrap(), 4096);
+        assert_eq!(parse("65535").unwrap(), 65535);
+        assert!(parse("0").is_err());
+        assert!(parse("65536").is_err());
+        assert!(parse("many").is_err());
     }
 
     /// Catches a mode flag that takes decimal, or a mode wider than 0777.

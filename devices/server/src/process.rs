@@ -84,7 +84,16 @@ pub fn run_main(
         return ExitCode::FAILURE;
     }
     match raise_fd_limit() {
-        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Ok(limit) => {
+            tracing::debug!(limit, "open file limit");
+            if let Err(e) = check_fd_budget(args.max_fd_dma_maps, limit) {
+                error!("{e}");
+                if args.log_file.is_some() {
+                    eprintln!("{name}: {e}");
+                }
+                return ExitCode::FAILURE;
+            }
+        }
         Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
     }
     let launch = Launch {
@@ -107,6 +116,25 @@ pub fn run_main(
             ExitCode::FAILURE
         }
     }
+}
+
+/// Files a server keeps open besides fd-backed DMA ranges: sockets, log,
+/// stats, backing files, interrupt eventfds.
+const FD_RESERVE: u64 = 128;
+
+/// Every fd-backed DMA range keeps a file open: `--max-fd-dma-maps` must
+/// fit the open file limit, or the server would fail with EMFILE in the
+/// middle of guest I/O instead of at startup.
+fn check_fd_budget(max_fd_dma_maps: u32, limit: u64) -> Result<(), String> {
+    let needed = u64::from(max_fd_dma_maps) + FD_RESERVE;
+    if needed > limit {
+        return Err(format!(
+            "--max-fd-dma-maps {max_fd_dma_maps} needs about {needed} open files, \
+             but the open file limit (RLIMIT_NOFILE) is {limit}: lower the flag or raise \
+             the limit (ulimit -n)"
+        ));
+    }
+    Ok(())
 }
 
 /// Raises this process's soft limit of open files to its hard limit, and
@@ -203,6 +231,17 @@ impl Running {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches a --max-fd-dma-maps accepted beyond the open file limit
+    /// (the server would hit EMFILE during guest I/O).
+    #[test]
+    fn fd_backed_dma_maps_must_fit_the_open_file_limit() {
+        assert!(check_fd_budget(256, 1024).is_ok());
+        assert!(check_fd_budget(4096, 4096 + FD_RESERVE).is_ok());
+        let err = check_fd_budget(4096, 1024).unwrap_err();
+        assert!(err.contains("--max-fd-dma-maps 4096"), "{err}");
+        assert!(err.contains("1024"), "{err}");
+    }
 
     /// Catches a server left at the default soft limit of open files,
     /// below what the transport's fd limits allow a client to hold.
