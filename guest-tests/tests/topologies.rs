@@ -8,6 +8,7 @@
 //! | test | topology | kernel decision |
 //! |---|---|---|
 //! | `acs_redirect_in_the_switch_refuses_p2p` | `same-switch-acs` | ACS redirect → through the host bridge → not whitelisted → refused (EINVAL) |
+//! | `acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge` | `same-switch-acs` + `-cpu EPYC` | ACS redirect → through the host bridge → AMD family ≥ 0x17 → allowed |
 //! | `zen_host_bridge_allows_p2p_between_root_ports` | `separate-root-ports-zen` | no common bridge → through the host bridge → AMD family ≥ 0x17 → allowed |
 //! | `viommu_maps_ram_through_iovas_and_p2p_by_bus_address` | `viommu` | same switch, no ACS → bus address (bypasses the IOMMU) |
 //!
@@ -150,10 +151,7 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     assert_eq!(count(&lines, "*Configured ACS to 0x0004"), 2);
     assert!(count(&lines, &format!("{ACS_REDIRECT}({gpu})")) >= 1);
     assert!(
-        count(
-            &lines,
-            "*pci=disable_acs_redir=0000:02:01.0;0000:02:00.0"
-        ) >= 1,
+        count(&lines, "*pci=disable_acs_redir=0000:02:01.0;0000:02:00.0") >= 1,
         "the kernel names both redirecting ports"
     );
     assert!(count(&lines, &format!("{NOT_WHITELISTED}8086:29c0")) >= 1);
@@ -176,6 +174,59 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "dma_faults"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "failed_commands"), 0, "{nvme}");
+}
+
+/// `same-switch-acs` again, with `-cpu EPYC` after the topology's own
+/// `-cpu` (QEMU takes the last): the same ACS redirect, but now the kernel
+/// accepts the host bridge of an AMD family >= 0x17 CPU, so it maps the
+/// pair "through the host bridge", where the redirected requests would go
+/// on real hardware. Catches: a kernel that refuses a redirected pair on a
+/// whitelisted CPU, a kernel that stops reporting the redirect (the
+/// warning lines must still be there, without a refusal), and an NVMe
+/// device that DMAs wrong bytes into the GPU BAR (GPU CRC, per-address log).
+#[test]
+fn acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge() {
+    let script = format!(
+        "{PRELUDE}
+echo \"ACS_CTRL_GPU_PORT=$(acs_ctrl $(parent_of $gpu_bdf))\"
+echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
+{N2G}{RAM_AGAIN}"
+    );
+    let boot = Boot {
+        append: vec!["pci=config_acs=1xx@0000:02:00.0;1xx@0000:02:01.0".to_owned()],
+        qemu_args: vec!["-cpu".to_owned(), "EPYC".to_owned()],
+        ..Boot::default()
+    };
+    let run = run_guest("same-switch-acs", &script, boot);
+    let gpu = run.fact("GPU_BDF").to_owned();
+    run.expect("CPU_VENDOR", "AuthenticAMD");
+    assert!(run.fact_u64("CPU_FAMILY") >= 0x17);
+    run.expect("ACS_CTRL_GPU_PORT", "0004");
+    run.expect("ACS_CTRL_NVME_PORT", "0004");
+    run.expect("GPU_P2P_PUBLISHED", "1");
+
+    // The kernel reports the redirect, and does not refuse the pair.
+    let lines = kernel_lines(&run);
+    assert!(count(&lines, &format!("{ACS_REDIRECT}({gpu})")) >= 1);
+    assert_eq!(count(&lines, REFUSED), 0);
+    assert_eq!(count(&lines, NOT_WHITELISTED), 0);
+
+    // Every byte verified in VRAM; exactly 16 MiB written into BAR2.
+    run.expect("N2G_STATUS", "0");
+    run.expect("N2G_ERRORS", "0");
+    assert_eq!(run.fact_u64("N2G_BYTES"), 16 << 20);
+    run.expect("N2G_GPU_CRC", run.fact("PATTERN_CRC"));
+    run.expect("RAM_AFTER_CMP", "0");
+    let log = run.file("nvme0.log");
+    assert_eq!(
+        message_dma_bytes_in(
+            &log,
+            "write",
+            run.fact_u64("GPU_BAR2_START"),
+            run.fact_u64("GPU_BAR2_END")
+        ),
+        16 << 20
+    );
 }
 
 /// `separate-root-ports-zen`: each device on its own root port of the q35
@@ -294,7 +345,11 @@ dd if=$ns bs=4k count=2048 skip=8192 iflag=direct 2>/dev/null | cmp -s - <(head 
     // capability, and the root port is above the pair's common bridge.
     let rp = u16::from_str_radix(run.fact("ACS_CTRL_RP"), 16)
         .unwrap_or_else(|_| panic!("ACS_CTRL_RP={}", run.fact("ACS_CTRL_RP")));
-    assert_eq!(rp & 0x000c, 0x000c, "ReqRedir and CmpltRedir on the root port");
+    assert_eq!(
+        rp & 0x000c,
+        0x000c,
+        "ReqRedir and CmpltRedir on the root port"
+    );
     run.expect("ACS_CTRL_GPU_PORT", "none");
     run.expect("ACS_CTRL_NVME_PORT", "none");
     run.expect("GPU_P2P_PUBLISHED", "1");

@@ -74,6 +74,8 @@ impl GuestRun {
 pub struct Boot {
     pub server_args: Vec<(String, Vec<String>)>,
     pub append: Vec<String>,
+    /// Extra QEMU arguments, after the topology's (a later `-cpu` wins).
+    pub qemu_args: Vec<String>,
     pub share: Option<PathBuf>,
     /// `@STATE@` for this boot; default: a fresh folder per test process.
     pub state: Option<PathBuf>,
@@ -112,6 +114,7 @@ pub fn run_guest_with<T>(
     options.timeout = Some(BOOT_TIMEOUT);
     options.server_args = boot.server_args;
     options.append = boot.append;
+    options.qemu_args = boot.qemu_args;
     options.share = boot.share;
     options.state = Some(boot.state.unwrap_or_else(|| test_state_dir(topology)));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
