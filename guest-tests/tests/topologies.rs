@@ -57,6 +57,13 @@ dd if=$ns bs=1M count=16 iflag=direct 2>/dev/null | cmp -s - /tmp/pattern; echo 
 echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
 echo "MAX_SECTORS_KB=$(cat /sys/block/$(basename $ns)/queue/max_sectors_kb)"
 echo "MAX_RETRIES=$(cat /sys/module/nvme_core/parameters/max_retries)"
+# The kernel's P2PDMA map type for every transfer: a return probe on
+# pci_p2pdma_map_type (an exported function; kprobe events are in Debian's
+# config), read back at the end as MAP_TYPES.
+tracing=/sys/kernel/tracing
+mountpoint -q $tracing || mount -t tracefs nodev $tracing
+echo 'r:p2p_map_type pci_p2pdma_map_type ret=$retval:u32' >> $tracing/kprobe_events; echo "KPROBE_STATUS=$?"
+echo 1 > $tracing/events/kprobes/p2p_map_type/enable; echo "KPROBE_ENABLE_STATUS=$?"
 "#;
 
 /// NVMe → GPU p2pmem: the 16 MiB pattern read with O_DIRECT in 1 MiB
@@ -71,12 +78,33 @@ echo "N2G_EIO_LINES=$(grep -c 'Input/output error (os error 5)' /run/p2plab/n2g.
 echo "N2G_GPU_CRC=$(cat /run/p2plab/n2g.crc 2>/dev/null)"
 "#;
 
-/// After a refused or failed P2P transfer, RAM I/O must still work.
+/// After a refused or failed P2P transfer, RAM I/O must still work. Then
+/// the map types the kernel computed, distinct values in order.
 const RAM_AGAIN: &str = r#"
 echo 3 > /proc/sys/vm/drop_caches
 dd if=$ns bs=1M count=16 iflag=direct 2>/dev/null | cmp -s - /tmp/pattern; echo "RAM_AFTER_CMP=$?"
+echo "MAP_TYPE_CALLS=$(grep -c 'p2p_map_type:' $tracing/trace)"
+echo "MAP_TYPES=$(sed -n 's/.*p2p_map_type:.* ret=\([0-9]*\).*/\1/p' $tracing/trace | sort -u | paste -sd, -)"
 exit 0
 "#;
+
+/// `enum pci_p2pdma_map_type` of the 7.3 guest kernel
+/// (include/linux/pci-p2pdma.h: UNKNOWN, NONE, NOT_SUPPORTED, BUS_ADDR,
+/// THRU_HOST_BRIDGE), as `pci_p2pdma_map_type` returns it.
+const MAP_NOT_SUPPORTED: &str = "2";
+const MAP_BUS_ADDR: &str = "3";
+const MAP_THRU_HOST_BRIDGE: &str = "4";
+
+/// The kernel computed a map type for the P2P transfers, always `want`.
+fn expect_map_type(run: &GuestRun, want: &str) {
+    run.expect("KPROBE_STATUS", "0");
+    run.expect("KPROBE_ENABLE_STATUS", "0");
+    assert!(
+        run.fact_u64("MAP_TYPE_CALLS") >= 1,
+        "no P2P map type computed"
+    );
+    run.expect("MAP_TYPES", want);
+}
 
 /// The guest's kernel log of a finished run, parsed.
 fn kernel_lines(run: &GuestRun) -> Vec<KernelLine> {
@@ -125,6 +153,7 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     };
     let run = run_guest("same-switch-acs", &script, boot);
     let gpu = run.fact("GPU_BDF").to_owned();
+    expect_map_type(&run, MAP_NOT_SUPPORTED);
 
     // The ports the devices sit under are the ones the kernel parameter
     // named, and P2P Request Redirect (ACS Control bit 2) is on there only;
@@ -199,6 +228,7 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     };
     let run = run_guest("same-switch-acs", &script, boot);
     let gpu = run.fact("GPU_BDF").to_owned();
+    expect_map_type(&run, MAP_THRU_HOST_BRIDGE);
     run.expect("CPU_VENDOR", "AuthenticAMD");
     assert!(run.fact_u64("CPU_FAMILY") >= 0x17);
     run.expect("ACS_CTRL_GPU_PORT", "0004");
@@ -251,6 +281,7 @@ echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc 2>/dev/null)"
 "#;
     let script = format!("{PRELUDE}{N2G}{g2n}{RAM_AGAIN}");
     let run = run_guest("separate-root-ports-zen", &script, Boot::default());
+    expect_map_type(&run, MAP_THRU_HOST_BRIDGE);
 
     // What TCG shows the guest: an AMD Zen CPU (family 23 = 0x17).
     run.expect("CPU_VENDOR", "AuthenticAMD");
@@ -334,6 +365,7 @@ dd if=$ns bs=4k count=2048 skip=8192 iflag=direct 2>/dev/null | cmp -s - <(head 
         ..Boot::default()
     };
     let run = run_guest("viommu", &script, boot);
+    expect_map_type(&run, MAP_BUS_ADDR);
 
     // Both devices are translated by the IOMMU (DMA domain, not identity).
     run.expect("IOMMU_GROUP_TYPE", "DMA");
