@@ -98,8 +98,16 @@ impl DmaSpace {
     /// busy (its memory stays mapped here until that access ends). So a
     /// reply to DMA_UNMAP sent after this returns really gives the memory
     /// back.
+    ///
+    /// The range may end exactly at 2^64: QEMU unmaps "everything above
+    /// X" that way when a vIOMMU is switched off.
     pub fn unmap(&self, gpa: u64, len: u64) -> Result<usize, DmaError> {
-        let end = range_end(gpa, len)?;
+        // `None`: the range ends at 2^64, which a u64 cannot hold.
+        let end = match gpa.checked_add(len) {
+            Some(end) => Some(end),
+            None if u128::from(gpa) + u128::from(len) == 1u128 << 64 => None,
+            None => return Err(DmaError::Overflow { gpa, len }),
+        };
         let removed = {
             let mut map = self.map_mut();
             // A range starting before `gpa` that reaches into it is cut.
@@ -108,8 +116,11 @@ impl DmaSpace {
                     return Err(DmaError::PartialUnmap { gpa, len });
                 }
             }
-            let inside: Vec<u64> = map.client.range(gpa..end).map(|(k, _)| *k).collect();
-            if let Some(last) = inside.last().and_then(|k| map.client.get(k)) {
+            let inside: Vec<u64> = match end {
+                Some(end) => map.client.range(gpa..end).map(|(k, _)| *k).collect(),
+                None => map.client.range(gpa..).map(|(k, _)| *k).collect(),
+            };
+            if let (Some(last), Some(end)) = (inside.last().and_then(|k| map.client.get(k)), end) {
                 if last.end() > end {
                     return Err(DmaError::PartialUnmap { gpa, len });
                 }

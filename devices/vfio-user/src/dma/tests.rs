@@ -732,3 +732,24 @@ fn memory_that_may_shrink_is_not_mmapped_and_a_shrink_fails_dma_cleanly() {
     // The sealed one cannot shrink at all.
     assert!(sealed.set_len(4096).is_err());
 }
+
+/// Catches a space that cannot unmap a range ending at 2^64 (QEMU unmaps
+/// "everything above X" that way when the guest turns a vIOMMU off): the
+/// mappings up there would stay live in the server.
+#[test]
+fn unmap_reaching_the_top_of_the_address_space_removes_what_is_there() {
+    let dma = DmaSpace::new();
+    let ram = guest_ram(MIB);
+    let high = u64::MAX - 0xfff - 0x1_0000;
+    map_ram(&dma, &ram, high, 0x1000, Perms::READ_WRITE, 0);
+    map_ram(&dma, &ram, 0x1000, 0x1000, Perms::READ_WRITE, 0);
+    let from = 0xfef0_0000u64;
+    assert_eq!(dma.unmap(from, 0u64.wrapping_sub(from)).unwrap(), 1);
+    assert_eq!(dma.classify(high, 16), DmaTarget::Unmapped);
+    assert_eq!(dma.classify(0x1000, 16), DmaTarget::GuestMemory);
+    // One byte further does overflow.
+    assert!(matches!(
+        dma.unmap(from, 1u64.wrapping_sub(from)),
+        Err(DmaError::Overflow { .. })
+    ));
+}

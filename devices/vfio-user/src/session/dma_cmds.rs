@@ -123,7 +123,17 @@ impl Session<'_> {
             if matches!(drained, Ok(_) | Err(DmaError::StillInUse { .. })) {
                 self.device.dma_changed();
             }
-            drained?;
+            match drained {
+                // Kernel VFIO answers an unmap that covers no mapping with
+                // success (0 bytes unmapped), and QEMU relies on it: with a
+                // vIOMMU it unmaps whole IOVA windows, mapped or not.
+                Err(DmaError::Unmapped { .. }) => {
+                    debug!(gpa, size, "DMA_UNMAP covers no mapping: nothing to do");
+                }
+                other => {
+                    other?;
+                }
+            }
         }
         // The reply echoes the request's entry.
         let mut w = Writer::with_capacity(24);
