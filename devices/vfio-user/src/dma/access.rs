@@ -26,10 +26,17 @@ impl DmaSpace {
         while cur < end {
             if let Some(w) = Self::window_at(&map, cur) {
                 let stop = end.min(w.gpa + w.len);
+                // Taken under the map lock: a peer window's move or
+                // removal either sees this use or happened first.
+                let window_use = w.users.enter().ok_or(DmaError::Revoked {
+                    gpa: cur,
+                    len: end - cur,
+                })?;
                 chunks.push(Chunk::Local {
                     window: Arc::clone(w),
                     offset: w.mem_offset + (cur - w.gpa),
                     len: (stop - cur) as usize,
+                    _use: window_use,
                 });
                 cur = stop;
                 continue;
@@ -114,7 +121,11 @@ impl DmaSpace {
         let mut cur = gpa;
         while cur < end {
             let (this, stop) = if let Some(w) = Self::window_at(&map, cur) {
-                (DmaTarget::Local(w.id), w.gpa + w.len)
+                if w.peer {
+                    (DmaTarget::Peer(w.id), w.gpa + w.len)
+                } else {
+                    (DmaTarget::Local(w.id), w.gpa + w.len)
+                }
             } else if let Some(r) = Self::client_at(&map, cur) {
                 let next_window = map
                     .windows
@@ -246,6 +257,7 @@ impl DmaSpace {
         };
         let counters = match chunks.first() {
             Some(Chunk::Mmap { .. }) => &self.inner.mmap,
+            Some(Chunk::Local { window, .. }) if window.peer => &self.inner.peer,
             Some(Chunk::Local { .. }) => &self.inner.local,
             _ => return Err(not_direct),
         };
@@ -267,6 +279,7 @@ impl DmaSpace {
                 window,
                 offset,
                 len,
+                ..
             }] => {
                 let whole = window.memory.volatile_slice().ok_or(not_direct)?;
                 let start = usize::try_from(*offset).map_err(|_| DmaError::Overflow {
@@ -284,6 +297,14 @@ impl DmaSpace {
                 Ok(f(slice))
             }
             _ => Err(not_direct),
+        }
+    }
+
+    fn window_counters(&self, window: &LocalWindow) -> &super::TrafficCounters {
+        if window.peer {
+            &self.inner.peer
+        } else {
+            &self.inner.local
         }
     }
 
@@ -309,7 +330,7 @@ impl DmaSpace {
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.read_at(*offset, part)?;
-                self.inner.local.record_read(part.len());
+                self.window_counters(window).record_read(part.len());
                 debug!(
                     gpa,
                     len = part.len(),
@@ -343,7 +364,7 @@ impl DmaSpace {
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.write_at(*offset, part)?;
-                self.inner.local.record_write(part.len());
+                self.window_counters(window).record_write(part.len());
                 debug!(
                     gpa,
                     len = part.len(),
