@@ -225,6 +225,10 @@ fn stats_json(stats: &StatsReader, dma: &DmaSpace, peers: Option<&PeerRegistry>)
         ("peer_inbound_write_bytes", inbound.written),
         ("peer_inbound_read_bytes", inbound.read),
         ("peer_path", u64::from(peers.is_some())),
+        (
+            "peer_placement_changes",
+            peers.map_or(0, |p| p.placement_changes()),
+        ),
         ("dma_mmap_read_bytes", d.mmap.read_bytes),
         ("dma_mmap_write_bytes", d.mmap.write_bytes),
         ("dma_message_read_bytes", d.message.read_bytes),

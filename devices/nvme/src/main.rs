@@ -416,7 +416,8 @@ fn stats_value(
                 "dma_peer_write_ops": d.peer.write_ops,
                 "peer_inbound_write_bytes": inbound.written,
                 "peer_inbound_read_bytes": inbound.read,
-                "peer_path": peers.is_some(),
+                "peer_path": u64::from(peers.is_some()),
+                "peer_placement_changes": peers.map_or(0, |p| p.placement_changes()),
             }),
         );
     }

@@ -160,6 +160,8 @@ struct OwnerState {
     bars: Vec<OwnedBar>,
     conns: Vec<Arc<OwnerConn>>,
     seq: u64,
+    /// Placement changes pushed so far.
+    changes: u64,
     /// Counts of connections gone, per slot.
     retired: [Inbound; 6],
 }
@@ -316,6 +318,7 @@ impl PeerRegistry {
             return;
         }
         owner.bars[index].addr = addr;
+        owner.changes += 1;
         owner.seq += 1;
         let seq = owner.seq;
         let frame = Frame::Place {
@@ -367,6 +370,12 @@ impl PeerRegistry {
             total.read += r;
         }
         total
+    }
+
+    /// Placement changes pushed so far (each BAR move, decode on or off,
+    /// reset).
+    pub fn placement_changes(&self) -> u64 {
+        lock(&self.shared.owner).changes
     }
 
     /// Users connected to our socket right now.

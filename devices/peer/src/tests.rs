@@ -111,6 +111,12 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
 
     gpu.set_placement(2, None);
     assert_eq!(nvme_dma.classify(PLACE_B, 4096), DmaTarget::Unmapped);
+    gpu.set_placement(2, None);
+    assert_eq!(
+        gpu.placement_changes(),
+        3,
+        "A, B, off; a repeat is no change"
+    );
     assert!(nvme_dma.write(PLACE_B, &data).is_err());
     drop(nvme);
     drop(gpu);

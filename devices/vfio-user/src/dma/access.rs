@@ -331,12 +331,21 @@ impl DmaSpace {
             Chunk::Local { window, offset, .. } => {
                 window.memory.read_at(*offset, part)?;
                 self.window_counters(window).record_read(part.len());
-                debug!(
-                    gpa,
-                    len = part.len(),
-                    window = window.id.0,
-                    "dma read from local window"
-                );
+                if window.peer {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma read from peer window"
+                    );
+                } else {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma read from local window"
+                    );
+                }
             }
         }
         Ok(())
@@ -365,12 +374,21 @@ impl DmaSpace {
             Chunk::Local { window, offset, .. } => {
                 window.memory.write_at(*offset, part)?;
                 self.window_counters(window).record_write(part.len());
-                debug!(
-                    gpa,
-                    len = part.len(),
-                    window = window.id.0,
-                    "dma write to local window"
-                );
+                if window.peer {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma write to peer window"
+                    );
+                } else {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma write to local window"
+                    );
+                }
             }
         }
         Ok(())
