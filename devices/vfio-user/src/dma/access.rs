@@ -261,18 +261,23 @@ impl DmaSpace {
             Some(Chunk::Local { .. }) => &self.inner.local,
             _ => return Err(not_direct),
         };
-        if access.reads() {
-            counters.record_read(len);
-        }
-        if access.writes() {
-            counters.record_write(len);
-        }
+        // Counted only once the memory is really handed out: a caller
+        // that gets NotDirect falls back to read/write, which count.
+        let count = || {
+            if access.reads() {
+                counters.record_read(len);
+            }
+            if access.writes() {
+                counters.record_write(len);
+            }
+        };
         match chunks.as_slice() {
             [Chunk::Mmap {
                 range, offset, len, ..
             }] => {
                 let slice = mmap_slice(range, *offset, *len)?;
                 debug!(gpa, len, "zero-copy guest memory access");
+                count();
                 Ok(f(slice))
             }
             [Chunk::Local {
@@ -294,6 +299,7 @@ impl DmaSpace {
                         size: window.memory.size(),
                     })?;
                 debug!(gpa, len, "zero-copy local window access");
+                count();
                 Ok(f(slice))
             }
             _ => Err(not_direct),
