@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{counter, message_dma_bytes_in, run_guest, stats, Boot, GuestRun};
+use common::{counter, peer_dma_bytes_in, run_guest, stats, Boot, GuestRun};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -375,28 +375,25 @@ fn gds_on_ext4_and_xfs_in_the_lab() {
     run.expect("KERNEL_COMPLAINTS", "0");
 
     // Every byte reported as P2P went between nvme0 and BAR2 of the GPU,
-    // by DMA messages (peer memory), and nothing else did.
+    // straight through the GPU's VRAM memfd (the zero-copy peer path),
+    // and nothing went through QEMU by message.
     let (bar2_start, bar2_end) = (run.fact_u64("GPU_BAR2_START"), run.fact_u64("GPU_BAR2_END"));
     let log = run.file("nvme0.log");
     assert_eq!(
-        message_dma_bytes_in(&log, "write", bar2_start, bar2_end),
+        peer_dma_bytes_in(&log, "write", bar2_start, bar2_end),
         p2p_read,
         "NVMe DMA writes into GPU BAR2 = P2P bytes read"
     );
     assert_eq!(
-        message_dma_bytes_in(&log, "read", bar2_start, bar2_end),
+        peer_dma_bytes_in(&log, "read", bar2_start, bar2_end),
         p2p_written,
         "NVMe DMA reads from GPU BAR2 = P2P bytes written"
     );
     let nvme = stats(&run, "nvme0");
-    assert!(
-        counter(&nvme, "dma_message_write_bytes") >= p2p_read,
-        "{nvme}"
-    );
-    assert!(
-        counter(&nvme, "dma_message_read_bytes") >= p2p_written,
-        "{nvme}"
-    );
+    assert_eq!(counter(&nvme, "dma_peer_write_bytes"), p2p_read, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_read_bytes"), p2p_written, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_message_read_bytes"), 0, "{nvme}");
     // The GPU engine did the compat copies and the verification.
     let gpu = stats(&run, "gpu0");
     assert!(counter(&gpu, "bytes_host_to_vram") >= 2 * 12 * MIB, "{gpu}");
@@ -444,4 +441,6 @@ fn separate_root_ports_run_in_compat_mode() {
     let nvme = stats(&run, "nvme0");
     assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "dma_message_read_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_write_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_read_bytes"), 0, "{nvme}");
 }

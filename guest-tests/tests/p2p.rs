@@ -17,15 +17,25 @@
 //! pointer is not placed in the peer BAR, GPU jobs missing from the
 //! trace, or a Chrome timeline whose clocks do not line up (the checksum
 //! before the last Read that filled its bytes).
+//! The lab test also fails when P2P bytes do not take the zero-copy peer
+//! path (the NVMe server's `dma_peer_*` counters and its debug log must
+//! show exactly the bytes moved, inside GPU BAR2, the GPU server's
+//! `peer_inbound_*` the same, and the message path none), and when the
+//! peer path does not follow the GPU's BAR through a remove + rescan
+//! (the placement must go off and on again, and the data moved after it
+//! must verify).
 //! `nvme_to_nvme_through_a_cmb` fails on a CMB that is not published or
-//! that corrupts data in flight, and on a server that does not serve its
-//! own CMB locally; `separate_root_ports_refuse_p2p` fails when the kernel
+//! that corrupts data in flight, on a server that does not serve its
+//! own CMB locally, and on a `--peer-path off` server whose bytes do not
+//! fall back to the message path; `separate_root_ports_refuse_p2p` fails when the kernel
 //! lets P2P through a non-whitelisted host bridge or any byte reaches the
 //! GPU BAR.
 
 mod common;
 
-use common::{counter, message_dma_bytes_in, run_guest, stats, test_state_dir, Boot};
+use common::{
+    counter, message_dma_bytes_in, peer_dma_bytes_in, run_guest, stats, test_state_dir, Boot,
+};
 use p2plab_guest_tests::kernel_log::Expected;
 use serde_json::Value;
 
@@ -122,19 +132,44 @@ echo "REBOUND_DRIVER=$(basename "$(readlink -f $gpu/driver)")"
 bash /mnt/host/guest-smoke.sh > /run/p2plab/smoke.out 2>&1; echo "SMOKE_STATUS=$?"
 sed -n 's/^SMOKE_/SMOKE_/p' /run/p2plab/smoke.out
 grep '^FAIL' /run/p2plab/smoke.out
+
+# 8. The GPU's BAR goes away and comes back (remove + rescan): memory
+#    decode off, the BAR re-sized and re-assigned, decode on. The peer path
+#    follows, and 8 MiB moved afterwards land in VRAM.
+echo "MOVE_OLD_BAR2=$(sed -n 3p $gpu/resource | cut -d' ' -f1)"
+echo 1 > $gpu/remove; echo "MOVE_REMOVE_STATUS=$?"
+echo 1 > /sys/bus/pci/rescan; echo "MOVE_RESCAN_STATUS=$?"
+sleep 1
+gpu_bdf=$(by_class 0x030200 | head -n1)
+gpu=/sys/bus/pci/devices/$gpu_bdf
+echo "MOVE_NEW_BAR2=$(sed -n 3p $gpu/resource | cut -d' ' -f1)"
+echo "MOVE_PUBLISHED=$(cat $gpu/p2pmem/published 2>/dev/null)"
+p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 8M --chunk 1M \
+  --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/move.crc' \
+  > /run/p2plab/move.out 2>&1; echo "MOVE_STATUS=$?"
+sed 's/^/MOVE_/' /run/p2plab/move.out
+echo "MOVE_EXPECTED_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern 0 8M)"
+echo "MOVE_GPU_CRC=$(cat /run/p2plab/move.crc)"
 echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t')"
 exit 0
 "#;
 
+/// Catches a log parser that counts bytes outside the window, of the
+/// other direction, or of the other path (messages vs peer windows).
 #[test]
 fn log_parser_sums_only_the_window() {
     let log = "x DEBUG dma write via DMA_WRITE messages gpa=4096 len=512\n\
                x DEBUG dma write via DMA_WRITE messages gpa=100 len=512\n\
-               x DEBUG dma read via DMA_READ messages gpa=4096 len=8\n";
+               x DEBUG dma read via DMA_READ messages gpa=4096 len=8\n\
+               x DEBUG dma write to peer window gpa=4096 len=64 window=1\n\
+               x DEBUG dma read from peer window gpa=4096 len=32 window=1\n";
     assert_eq!(message_dma_bytes_in(log, "write", 4096, 8191), 512);
     assert_eq!(message_dma_bytes_in(log, "read", 4096, 8191), 8);
     assert_eq!(message_dma_bytes_in(log, "write", 0, 4095), 512);
     assert_eq!(message_dma_bytes_in(log, "write", 8192, 9000), 0);
+    assert_eq!(peer_dma_bytes_in(log, "write", 4096, 8191), 64);
+    assert_eq!(peer_dma_bytes_in(log, "read", 4096, 8191), 32);
+    assert_eq!(peer_dma_bytes_in(log, "write", 0, 4095), 0);
 }
 
 /// Checks guest-smoke.sh has when everything runs (its `check`,
@@ -207,7 +242,7 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         .filter(|e| {
             e["kind"] == "cmd"
                 && e["name"] == "Read"
-                && e["data"]["prp1"]["at"] == "peer-bar"
+                && e["data"]["prp1"]["at"] == "peer-direct"
                 && hex(&e["data"]["prp1"]["addr"])
                     .is_some_and(|a| (bar2_start..=bar2_end).contains(&a))
         })
@@ -280,28 +315,54 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         "the backing file holds the GPU's fill pattern"
     );
 
-    // The NVMe server moved those bytes to and from guest-physical addresses
-    // in the GPU's BAR2 (fd-less peer memory, reached through QEMU), not RAM.
+    // The NVMe server moved those bytes straight into and out of the GPU's
+    // VRAM memfd (the zero-copy peer path), none through QEMU: NVMe -> GPU
+    // 64 MiB + 16 MiB + 8 MiB after the move, GPU -> NVMe 64 MiB (the
+    // injected peer-fail moves nothing).
+    let to_gpu: u64 = (64 + 16 + 8) << 20;
+    let from_gpu: u64 = 64 << 20;
     let nvme = stats(&run, "nvme0");
-    assert!(
-        counter(&nvme, "dma_message_write_bytes") >= (64 + 16) << 20,
-        "{nvme}"
-    );
-    assert!(
-        counter(&nvme, "dma_message_read_bytes") >= 64 << 20,
-        "{nvme}"
-    );
-    // The debug log names the addresses: those bytes landed inside BAR2.
+    assert_eq!(counter(&nvme, "dma_peer_write_bytes"), to_gpu, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_read_bytes"), from_gpu, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_message_read_bytes"), 0, "{nvme}");
+    // The debug log names the addresses: those bytes landed inside BAR2
+    // (as placed before the move; the 8 MiB after it at the new place).
     let log = run.file("nvme0.log");
-    let into_bar2 = message_dma_bytes_in(&log, "write", bar2_start, bar2_end);
-    let from_bar2 = message_dma_bytes_in(&log, "read", bar2_start, bar2_end);
-    assert!(
-        into_bar2 >= (64 + 16) << 20,
-        "NVMe DMA writes into GPU BAR2: {into_bar2}"
+    let (new_start, new_end) = (
+        run.fact_u64("MOVE_NEW_BAR2"),
+        run.fact_u64("MOVE_NEW_BAR2") + (1 << 30) - 1,
     );
+    let in_bar2 = |direction| {
+        let old = peer_dma_bytes_in(&log, direction, bar2_start, bar2_end);
+        if new_start == bar2_start {
+            old
+        } else {
+            old + peer_dma_bytes_in(&log, direction, new_start, new_end)
+        }
+    };
+    assert_eq!(in_bar2("write"), to_gpu, "NVMe peer writes into GPU BAR2");
+    assert_eq!(in_bar2("read"), from_gpu, "NVMe peer reads from GPU BAR2");
+    // The GPU server counted the same bytes arriving in its VRAM, and sent
+    // nothing through QEMU either.
+    let gpu = stats(&run, "gpu0");
+    assert_eq!(counter(&gpu, "peer_inbound_write_bytes"), to_gpu, "{gpu}");
+    assert_eq!(counter(&gpu, "peer_inbound_read_bytes"), from_gpu, "{gpu}");
+    assert_eq!(counter(&gpu, "dma_message_write_bytes"), 0, "{gpu}");
+    assert_eq!(counter(&gpu, "dma_message_read_bytes"), 0, "{gpu}");
+
+    // The BAR move: the placement went off (remove) and on (rescan) on top
+    // of the first placement, and the data after it verifies.
+    for fact in ["MOVE_REMOVE_STATUS", "MOVE_RESCAN_STATUS", "MOVE_STATUS"] {
+        run.expect(fact, "0");
+    }
+    run.expect("MOVE_PUBLISHED", "1");
+    run.expect("MOVE_ERRORS", "0");
+    assert_eq!(run.fact_u64("MOVE_BYTES"), 8 << 20);
+    run.expect("MOVE_GPU_CRC", run.fact("MOVE_EXPECTED_CRC"));
     assert!(
-        from_bar2 >= 64 << 20,
-        "NVMe DMA reads from GPU BAR2: {from_bar2}"
+        counter(&gpu, "peer_placement_changes") >= 3,
+        "placed, off at the remove, on at the rescan: {gpu}"
     );
     let gpu = stats(&run, "gpu0");
     assert!(
@@ -375,21 +436,32 @@ exit 0
 #[test]
 fn nvme_to_nvme_through_a_cmb() {
     let script = format!("{PRELUDE}{CMB_SCRIPT}");
-    let run = run_guest("two-nvme", &script, Boot::default());
+    // nvme0 runs with the peer path off: its DMA into nvme1's CMB must
+    // fall back to DMA_WRITE messages through QEMU.
+    let boot = Boot {
+        server_args: vec![("nvme0".into(), vec!["--peer-path".into(), "off".into()])],
+        ..Boot::default()
+    };
+    let run = run_guest("two-nvme", &script, boot);
     run.expect("NVME1_P2P_PUBLISHED", "1");
     run.expect("CMB_STATUS", "0");
     run.expect("CMB_ERRORS", "0");
     assert_eq!(run.fact_u64("CMB_BYTES"), 64 << 20);
     run.expect("SRC_SUM", run.fact("PATTERN_SUM"));
     run.expect("DST_SUM", run.fact("PATTERN_SUM"));
-    // nvme0 wrote into nvme1's CMB through QEMU; nvme1 served its own CMB
-    // locally when it fetched the write data.
+    // nvme0 (peer path off) wrote into nvme1's CMB through QEMU; nvme1
+    // served its own CMB locally when it fetched the write data.
     let nvme0 = stats(&run, "nvme0");
     let nvme1 = stats(&run, "nvme1");
+    assert_eq!(counter(&nvme0, "peer_path"), 0, "{nvme0}");
+    assert_eq!(counter(&nvme1, "peer_path"), 1, "{nvme1}");
     assert!(
         counter(&nvme0, "dma_message_write_bytes") >= 64 << 20,
         "{nvme0}"
     );
+    assert_eq!(counter(&nvme0, "dma_peer_write_bytes"), 0, "{nvme0}");
+    assert_eq!(counter(&nvme0, "dma_peer_read_bytes"), 0, "{nvme0}");
+    assert_eq!(counter(&nvme1, "peer_inbound_write_bytes"), 0, "{nvme1}");
     assert!(
         counter(&nvme1, "dma_local_read_bytes") >= 64 << 20,
         "{nvme1}"
@@ -429,7 +501,7 @@ fn separate_root_ports_refuse_p2p() {
     );
     let nvme = stats(&run, "nvme0");
     assert_eq!(
-        counter(&nvme, "dma_message_write_bytes"),
+        counter(&nvme, "dma_message_write_bytes") + counter(&nvme, "dma_peer_write_bytes"),
         0,
         "no bytes reached the GPU BAR"
     );

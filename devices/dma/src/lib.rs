@@ -75,6 +75,9 @@ pub enum BusTarget {
     Own,
     /// Nothing is mapped there.
     Unmapped,
+    /// Another p2plab server's BAR memory, reached directly through the
+    /// memfd it shared (the zero-copy peer path).
+    PeerDirect,
     /// The range spans several kinds.
     Mixed,
     /// The memory cannot tell.
@@ -87,6 +90,7 @@ impl BusTarget {
         match self {
             BusTarget::Ram => "ram",
             BusTarget::PeerBar => "peer-bar",
+            BusTarget::PeerDirect => "peer-direct",
             BusTarget::Own => "own-bar",
             BusTarget::Unmapped => "unmapped",
             BusTarget::Mixed => "mixed",

@@ -58,6 +58,7 @@ impl GuestMemory for DmaSpace {
             DmaTarget::GuestMemory => BusTarget::Ram,
             DmaTarget::MessageOnly => BusTarget::PeerBar,
             DmaTarget::Local(_) => BusTarget::Own,
+            DmaTarget::Peer(_) => BusTarget::PeerDirect,
             DmaTarget::Unmapped => BusTarget::Unmapped,
             DmaTarget::Mixed => BusTarget::Mixed,
         }

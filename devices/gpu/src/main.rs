@@ -12,7 +12,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
+use p2plab_gpu::regs::VRAM_BAR;
 use p2plab_gpu::{check_spec, gpu_function, FaultControl, GpuFaultSpec, GpuIds, StatsReader, Vram};
+use p2plab_peer::{Export, PeerRegistry};
 use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
@@ -72,15 +74,19 @@ struct GpuControl {
     faults: FaultControl,
     stats: StatsReader,
     dma: DmaSpace,
+    peers: Option<Arc<PeerRegistry>>,
 }
 
 impl ControlHandler for GpuControl {
     fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
         match request {
             ControlRequest::Status => {
-                let mut value: serde_json::Value =
-                    serde_json::from_str(&stats_json(&self.stats, &self.dma))
-                        .map_err(|e| e.to_string())?;
+                let mut value: serde_json::Value = serde_json::from_str(&stats_json(
+                    &self.stats,
+                    &self.dma,
+                    self.peers.as_deref(),
+                ))
+                .map_err(|e| e.to_string())?;
                 if let Some(object) = value.as_object_mut() {
                     let faults =
                         serde_json::to_value(self.faults.report()).map_err(|e| e.to_string())?;
@@ -134,8 +140,28 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let dma = DmaSpace::new();
     // The engine reaches guest memory through the transport's DMA space
     // (mmapped guest RAM, messages for peer BARs, our own VRAM window).
+    let vram_fd = vram
+        .fd()
+        .try_clone_to_owned()
+        .context("cannot share the VRAM memfd")?;
     let mut function = gpu_function(&ids, vram, Arc::new(dma.clone()))?;
     function.model_mut().serve_vram_locally(dma.clone());
+    // Peers write into VRAM through its memfd, at the address the guest
+    // gives BAR2 (pushed to them before the config write completes).
+    let peers = args.server.start_peers(
+        &dma,
+        vec![Export {
+            bar: VRAM_BAR,
+            fd: vram_fd,
+            size: args.vram_size,
+        }],
+    )?;
+    if let Some(peers) = &peers {
+        let peers = Arc::clone(peers);
+        function
+            .model_mut()
+            .on_vram_placement(move |addr| peers.set_placement(VRAM_BAR, addr));
+    }
     let stats = function.model().gpu().stats_reader();
     let faults = function.model().gpu().fault_control();
     args.server.configure_tracer(faults.tracer())?;
@@ -148,6 +174,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
             faults,
             stats: stats.clone(),
             dma: dma.clone(),
+            peers: peers.clone(),
         }),
     )
     .map_err(|e| {
@@ -158,7 +185,13 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     })?;
 
     let server = Server::new(args.server.server_config(), dma.clone())?;
-    let running = launch.start(&server, Arc::new(move || stats_json(&stats, &dma)))?;
+    let running = {
+        let peers = peers.clone();
+        launch.start(
+            &server,
+            Arc::new(move || stats_json(&stats, &dma, peers.as_deref())),
+        )?
+    };
 
     info!(
         vendor_id = format_args!("{:#06x}", ids.vendor_id),
@@ -168,6 +201,8 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     );
     let result = server.run(&mut function);
     drop(function);
+    // Peers drop their windows on our VRAM as the connections close.
+    drop(peers);
 
     let json = running.finish();
     info!(stats = %json, "p2plab-gpu exiting");
@@ -176,10 +211,24 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
 }
 
 /// Device counters plus which path the engine's DMA took (mmapped guest
-/// memory, DMA messages through the client, or our own VRAM window).
-fn stats_json(stats: &StatsReader, dma: &DmaSpace) -> String {
+/// memory, DMA messages through the client, our own VRAM window, or a
+/// peer's BAR directly), and the bytes peers moved into and out of VRAM
+/// directly (`peer_inbound_*`).
+fn stats_json(stats: &StatsReader, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
     let d = dma.stats();
+    let inbound = peers.map(|p| p.inbound(VRAM_BAR)).unwrap_or_default();
     stats.snapshot().to_json_with(&[
+        ("dma_peer_read_bytes", d.peer.read_bytes),
+        ("dma_peer_write_bytes", d.peer.write_bytes),
+        ("dma_peer_read_ops", d.peer.read_ops),
+        ("dma_peer_write_ops", d.peer.write_ops),
+        ("peer_inbound_write_bytes", inbound.written),
+        ("peer_inbound_read_bytes", inbound.read),
+        ("peer_path", u64::from(peers.is_some())),
+        (
+            "peer_placement_changes",
+            peers.map_or(0, |p| p.placement_changes()),
+        ),
         ("dma_mmap_read_bytes", d.mmap.read_bytes),
         ("dma_mmap_write_bytes", d.mmap.write_bytes),
         ("dma_message_read_bytes", d.message.read_bytes),

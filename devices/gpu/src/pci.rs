@@ -129,6 +129,17 @@ struct VramWindow {
     id: Option<LocalWindowId>,
 }
 
+/// Told where VRAM decodes now, synchronously from the config write (or
+/// reset) that changed it: the server pushes it to its peers before the
+/// write completes.
+pub struct PlacementHook(Box<dyn Fn(Option<u64>) + Send>);
+
+impl std::fmt::Debug for PlacementHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlacementHook")
+    }
+}
+
 /// [`Gpu`] seen through p2plab-pci's [`PciModel`].
 #[derive(Debug)]
 pub struct GpuFunction {
@@ -136,6 +147,7 @@ pub struct GpuFunction {
     /// Where the guest placed BAR2 (None while unprogrammed or decode off).
     vram_address: Option<u64>,
     window: Option<VramWindow>,
+    placement: Option<PlacementHook>,
 }
 
 impl GpuFunction {
@@ -155,7 +167,17 @@ impl GpuFunction {
         self.update_window();
     }
 
+    /// Calls `hook` with VRAM's address each time it changes (None: not
+    /// decoding), and once now.
+    pub fn on_vram_placement(&mut self, hook: impl Fn(Option<u64>) + Send + 'static) {
+        hook(self.vram_address);
+        self.placement = Some(PlacementHook(Box::new(hook)));
+    }
+
     fn update_window(&mut self) {
+        if let Some(hook) = &self.placement {
+            (hook.0)(self.vram_address);
+        }
         let Some(window) = self.window.as_mut() else {
             return;
         };
@@ -197,6 +219,7 @@ pub fn gpu_function(
             gpu,
             vram_address: None,
             window: None,
+            placement: None,
         }
     });
     Ok(function)

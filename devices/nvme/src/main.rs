@@ -5,17 +5,19 @@
 //! transport p2plab-vfio-user, and the process plumbing (common flags,
 //! logging, signals, stats file) p2plab-server.
 
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use p2plab_dma::RegionMemory;
 use p2plab_nvme::fault::FaultSpec;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::{parse_size, Caching};
-use p2plab_nvme::server::{nvme_function, PciIds};
+use p2plab_nvme::server::{nvme_function, PciIds, CMB_BAR};
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
+use p2plab_peer::{Export, PeerRegistry};
 use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
@@ -141,6 +143,7 @@ fn parse_fault(text: &str) -> Result<FaultSpec, String> {
 struct NvmeControl {
     controller: Arc<NvmeController>,
     dma: DmaSpace,
+    peers: Option<Arc<PeerRegistry>>,
 }
 
 impl ControlHandler for NvmeControl {
@@ -148,7 +151,7 @@ impl ControlHandler for NvmeControl {
         let c = &self.controller;
         match request {
             ControlRequest::Status => {
-                let mut value = stats_value(c, &self.dma);
+                let mut value = stats_value(c, &self.dma, self.peers.as_deref());
                 if let Some(object) = value.as_object_mut() {
                     let faults =
                         serde_json::to_value(c.fault_report()).map_err(|e| e.to_string())?;
@@ -319,6 +322,26 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
             other => anyhow!(other),
         })?;
     let controller = Arc::clone(function.model().controller());
+    // Peers DMA into our CMB through its memfd, at the address the guest
+    // gives the CMB BAR (pushed to them before the config write completes).
+    let mut exports = Vec::new();
+    if let Some(cmb) = function.model().cmb_memory() {
+        exports.push(Export {
+            bar: CMB_BAR,
+            fd: cmb
+                .as_fd()
+                .try_clone_to_owned()
+                .context("cannot share the CMB memfd")?,
+            size: cmb.size(),
+        });
+    }
+    let peers = args.server.start_peers(&dma, exports)?;
+    if let Some(peers) = &peers {
+        let peers = Arc::clone(peers);
+        function
+            .model_mut()
+            .on_cmb_placement(move |addr| peers.set_placement(CMB_BAR, addr));
+    }
     args.server.configure_tracer(controller.tracer())?;
     for spec in &args.injections {
         controller.inject(*spec);
@@ -328,6 +351,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         Arc::new(NvmeControl {
             controller: Arc::clone(&controller),
             dma: dma.clone(),
+            peers: peers.clone(),
         }),
     )
     .map_err(|e| {
@@ -340,13 +364,15 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let server = Server::new(args.server.server_config(), dma.clone())?;
     let counters = {
         let controller = Arc::clone(&controller);
-        Arc::new(move || stats_json(&controller, &dma))
+        let peers = peers.clone();
+        Arc::new(move || stats_json(&controller, &dma, peers.as_deref()))
     };
     let running = launch.start(&server, counters)?;
 
     let result = server.run(&mut function);
     controller.flush_all();
     drop(function);
+    drop(peers);
     running.finish();
     info!("p2plab-nvme exiting");
     result?;
@@ -356,11 +382,16 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
 /// The controller's snapshot plus which path DMA took: mmapped guest
 /// memory, messages through the client (peer BARs, fd-less ranges), or
 /// served locally (the controller's own CMB).
-fn stats_json(controller: &NvmeController, dma: &DmaSpace) -> String {
-    serde_json::to_string_pretty(&stats_value(controller, dma)).unwrap_or_default()
+fn stats_json(controller: &NvmeController, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
+    serde_json::to_string_pretty(&stats_value(controller, dma, peers)).unwrap_or_default()
 }
 
-fn stats_value(controller: &NvmeController, dma: &DmaSpace) -> serde_json::Value {
+fn stats_value(
+    controller: &NvmeController,
+    dma: &DmaSpace,
+    peers: Option<&PeerRegistry>,
+) -> serde_json::Value {
+    let inbound = peers.map(|p| p.inbound(CMB_BAR)).unwrap_or_default();
     let snapshot = controller.stats();
     let d = dma.stats();
     let local_read = snapshot.counters.cmb_read_bytes + d.local.read_bytes;
@@ -379,6 +410,14 @@ fn stats_value(controller: &NvmeController, dma: &DmaSpace) -> serde_json::Value
                 "dma_message_write_bytes": d.message.write_bytes,
                 "dma_local_read_bytes": local_read,
                 "dma_local_write_bytes": local_write,
+                "dma_peer_read_bytes": d.peer.read_bytes,
+                "dma_peer_write_bytes": d.peer.write_bytes,
+                "dma_peer_read_ops": d.peer.read_ops,
+                "dma_peer_write_ops": d.peer.write_ops,
+                "peer_inbound_write_bytes": inbound.written,
+                "peer_inbound_read_bytes": inbound.read,
+                "peer_path": u64::from(peers.is_some()),
+                "peer_placement_changes": peers.map_or(0, |p| p.placement_changes()),
             }),
         );
     }

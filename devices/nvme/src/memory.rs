@@ -141,7 +141,10 @@ impl DmaRouter {
             return Ok(());
         };
         if !faults.armed.load(Ordering::Acquire)
-            || self.guest.locate(addr, len) != BusTarget::PeerBar
+            || !matches!(
+                self.guest.locate(addr, len),
+                BusTarget::PeerBar | BusTarget::PeerDirect
+            )
         {
             return Ok(());
         }

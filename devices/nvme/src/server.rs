@@ -60,17 +60,40 @@ impl Interrupts for PciInterrupts {
     }
 }
 
+/// Told where the CMB BAR decodes now, synchronously from the config
+/// write (or reset) that changed it: the server pushes it to its peers
+/// before the write completes.
+type PlacementHook = Box<dyn Fn(Option<u64>) + Send>;
+
 /// The NVMe controller as a [`PciModel`].
 pub struct NvmeFunction {
     controller: Arc<NvmeController>,
     /// Guest memory behind COMMAND.BME: closed until the guest sets it.
     bus_master: Arc<BusMasterGate>,
     cmb: Option<Arc<SharedMemory>>,
+    cmb_placement: Option<PlacementHook>,
 }
 
 impl NvmeFunction {
     pub fn controller(&self) -> &Arc<NvmeController> {
         &self.controller
+    }
+
+    /// The memory behind the CMB BAR (a sealed memfd), if there is a CMB.
+    pub fn cmb_memory(&self) -> Option<&Arc<SharedMemory>> {
+        self.cmb.as_ref()
+    }
+
+    /// Calls `hook` with the CMB BAR's address each time it changes (None:
+    /// not decoding, reset).
+    pub fn on_cmb_placement(&mut self, hook: impl Fn(Option<u64>) + Send + 'static) {
+        self.cmb_placement = Some(Box::new(hook));
+    }
+
+    fn cmb_placed(&self, addr: Option<u64>) {
+        if let Some(hook) = &self.cmb_placement {
+            hook(addr);
+        }
     }
 }
 
@@ -119,6 +142,8 @@ impl PciModel for NvmeFunction {
         // COMMAND is 0 again: no bus mastering until the guest says so.
         self.bus_master.set_enabled(false);
         self.controller.reset();
+        // Config space is back to power-on: the CMB BAR decodes nowhere.
+        self.cmb_placed(None);
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
@@ -127,7 +152,10 @@ impl PciModel for NvmeFunction {
                 index: CMB_BAR,
                 new,
                 ..
-            } => self.controller.set_cmb_bar_address(*new),
+            } => {
+                self.controller.set_cmb_bar_address(*new);
+                self.cmb_placed(*new);
+            }
             ConfigChange::CommandChanged { new, .. } => {
                 self.bus_master.set_enabled(new.bus_master());
                 debug!(
@@ -250,6 +278,7 @@ pub fn nvme_function_on(
         controller: Arc::new(controller),
         bus_master,
         cmb: shared,
+        cmb_placement: None,
     };
     PciFunction::from_parts(config, irq, model).map_err(|e| BuildError::Pci(e.0))
 }

@@ -87,6 +87,24 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u32).range(1..=65535),
           display_order = AFTER_DEVICE_FLAGS + 11)]
     pub max_fd_dma_maps: u32,
+
+    /// Zero-copy DMA into other p2plab servers' BARs (`on`, `off`): share
+    /// BAR memory with the servers whose sockets are in `peers/` beside
+    /// --socket. Use `off` when addresses are translated (a vIOMMU): DMA
+    /// to peers then goes through QEMU by message.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
+          action = clap::ArgAction::Set,
+          display_order = AFTER_DEVICE_FLAGS + 12)]
+    pub peer_path: bool,
+}
+
+/// `on` or `off`, naming the bad value otherwise.
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?} is neither on nor off")),
+    }
 }
 
 /// An octal file mode of at most 0777 ("0600", "600" or "0o600").
@@ -138,6 +156,26 @@ impl ServerArgs {
                 .map_err(|e| anyhow::anyhow!("--trace-file {}: {e}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// Starts the peer registry beside `--socket` (unless `--peer-path
+    /// off`), sharing `exports` and placing peers' BARs in `dma`.
+    pub fn start_peers(
+        &self,
+        dma: &p2plab_vfio_user::DmaSpace,
+        exports: Vec<p2plab_peer::Export>,
+    ) -> anyhow::Result<Option<std::sync::Arc<p2plab_peer::PeerRegistry>>> {
+        if !self.peer_path {
+            tracing::info!("peer path off: DMA to peer BARs goes through the client");
+            return Ok(None);
+        }
+        let config = p2plab_peer::PeerConfig::beside(&self.socket);
+        let dir = config.dir.clone();
+        let registry =
+            p2plab_peer::PeerRegistry::start(config, dma.clone(), exports).map_err(|e| {
+                anyhow::anyhow!("--peer-path on: peer socket in {}: {e}", dir.display())
+            })?;
+        Ok(Some(std::sync::Arc::new(registry)))
     }
 
     /// `--stats-interval-ms`, at least 10 ms so a typo cannot turn the
@@ -254,6 +292,24 @@ mod tests {
         let err = DeviceArgs::try_parse_from(["dev", "--knob", "1"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         assert!(err.to_string().contains("--socket"));
+    }
+
+    /// Catches a peer path that is off by default, or a bad value that is
+    /// taken silently or refused without naming it.
+    #[test]
+    fn peer_path_is_on_by_default_and_names_a_bad_value() {
+        let args = DeviceArgs::try_parse_from(["dev", "--socket", "s"]).unwrap();
+        assert!(args.server.peer_path);
+        let args =
+            DeviceArgs::try_parse_from(["dev", "--socket", "s", "--peer-path", "off"]).unwrap();
+        assert!(!args.server.peer_path);
+        let err = DeviceArgs::try_parse_from(["dev", "--socket", "s", "--peer-path", "maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--peer-path") && err.contains("maybe"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -181,8 +181,23 @@ pub fn message_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) ->
         "dma {direction} via DMA_{} messages",
         direction.to_uppercase()
     );
+    dma_bytes_in(log, &marker, start, end)
+}
+
+/// Bytes the server's debug log shows moving through peer windows (the
+/// zero-copy peer path) in `direction` ("read" or "write") inside
+/// `[start, end]`.
+pub fn peer_dma_bytes_in(log: &str, direction: &str, start: u64, end: u64) -> u64 {
+    let marker = match direction {
+        "read" => "dma read from peer window",
+        _ => "dma write to peer window",
+    };
+    dma_bytes_in(log, marker, start, end)
+}
+
+fn dma_bytes_in(log: &str, marker: &str, start: u64, end: u64) -> u64 {
     log.lines()
-        .filter(|line| line.contains(&marker))
+        .filter(|line| line.contains(marker))
         .filter_map(|line| {
             let field = |name: &str| -> Option<u64> {
                 let at = line.find(name)? + name.len();

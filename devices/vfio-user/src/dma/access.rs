@@ -26,10 +26,17 @@ impl DmaSpace {
         while cur < end {
             if let Some(w) = Self::window_at(&map, cur) {
                 let stop = end.min(w.gpa + w.len);
+                // Taken under the map lock: a peer window's move or
+                // removal either sees this use or happened first.
+                let window_use = w.users.enter().ok_or(DmaError::Revoked {
+                    gpa: cur,
+                    len: end - cur,
+                })?;
                 chunks.push(Chunk::Local {
                     window: Arc::clone(w),
                     offset: w.mem_offset + (cur - w.gpa),
                     len: (stop - cur) as usize,
+                    _use: window_use,
                 });
                 cur = stop;
                 continue;
@@ -114,7 +121,11 @@ impl DmaSpace {
         let mut cur = gpa;
         while cur < end {
             let (this, stop) = if let Some(w) = Self::window_at(&map, cur) {
-                (DmaTarget::Local(w.id), w.gpa + w.len)
+                if w.peer {
+                    (DmaTarget::Peer(w.id), w.gpa + w.len)
+                } else {
+                    (DmaTarget::Local(w.id), w.gpa + w.len)
+                }
             } else if let Some(r) = Self::client_at(&map, cur) {
                 let next_window = map
                     .windows
@@ -246,27 +257,34 @@ impl DmaSpace {
         };
         let counters = match chunks.first() {
             Some(Chunk::Mmap { .. }) => &self.inner.mmap,
+            Some(Chunk::Local { window, .. }) if window.peer => &self.inner.peer,
             Some(Chunk::Local { .. }) => &self.inner.local,
             _ => return Err(not_direct),
         };
-        if access.reads() {
-            counters.record_read(len);
-        }
-        if access.writes() {
-            counters.record_write(len);
-        }
+        // Counted only once the memory is really handed out: a caller
+        // that gets NotDirect falls back to read/write, which count.
+        let count = || {
+            if access.reads() {
+                counters.record_read(len);
+            }
+            if access.writes() {
+                counters.record_write(len);
+            }
+        };
         match chunks.as_slice() {
             [Chunk::Mmap {
                 range, offset, len, ..
             }] => {
                 let slice = mmap_slice(range, *offset, *len)?;
                 debug!(gpa, len, "zero-copy guest memory access");
+                count();
                 Ok(f(slice))
             }
             [Chunk::Local {
                 window,
                 offset,
                 len,
+                ..
             }] => {
                 let whole = window.memory.volatile_slice().ok_or(not_direct)?;
                 let start = usize::try_from(*offset).map_err(|_| DmaError::Overflow {
@@ -281,9 +299,18 @@ impl DmaSpace {
                         size: window.memory.size(),
                     })?;
                 debug!(gpa, len, "zero-copy local window access");
+                count();
                 Ok(f(slice))
             }
             _ => Err(not_direct),
+        }
+    }
+
+    fn window_counters(&self, window: &LocalWindow) -> &super::TrafficCounters {
+        if window.peer {
+            &self.inner.peer
+        } else {
+            &self.inner.local
         }
     }
 
@@ -309,13 +336,22 @@ impl DmaSpace {
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.read_at(*offset, part)?;
-                self.inner.local.record_read(part.len());
-                debug!(
-                    gpa,
-                    len = part.len(),
-                    window = window.id.0,
-                    "dma read from local window"
-                );
+                self.window_counters(window).record_read(part.len());
+                if window.peer {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma read from peer window"
+                    );
+                } else {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma read from local window"
+                    );
+                }
             }
         }
         Ok(())
@@ -343,13 +379,22 @@ impl DmaSpace {
             }
             Chunk::Local { window, offset, .. } => {
                 window.memory.write_at(*offset, part)?;
-                self.inner.local.record_write(part.len());
-                debug!(
-                    gpa,
-                    len = part.len(),
-                    window = window.id.0,
-                    "dma write to local window"
-                );
+                self.window_counters(window).record_write(part.len());
+                if window.peer {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma write to peer window"
+                    );
+                } else {
+                    debug!(
+                        gpa,
+                        len = part.len(),
+                        window = window.id.0,
+                        "dma write to local window"
+                    );
+                }
             }
         }
         Ok(())

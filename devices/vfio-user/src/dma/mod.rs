@@ -7,7 +7,13 @@
 //!   DMA_READ / DMA_WRITE messages to the client ("message only");
 //! - local windows a device registers over its own memory (its CMB or VRAM
 //!   at the address the guest gave its BAR): served here without any
-//!   message, and taking precedence over client ranges.
+//!   message, and taking precedence over client ranges;
+//! - peer windows: another p2plab server's BAR memory (a sealed memfd it
+//!   shared with us) at the bus address the guest gave that BAR. Served
+//!   like local windows, but counted apart (`peer`), refused where they
+//!   would overlap guest RAM, and moved or removed only once the accesses
+//!   running through them have finished (the owner waits for that before
+//!   it lets the guest's BAR change complete).
 //!
 //! [`DmaSpace`] is a cheap `Arc` handle: clone it into device threads.
 
@@ -57,6 +63,11 @@ struct LocalWindow {
     len: u64,
     memory: Arc<dyn LocalMemory>,
     mem_offset: u64,
+    /// A peer server's memory (counted as `peer`) rather than our own.
+    peer: bool,
+    /// Accesses running through the window (only peer windows wait for
+    /// them when they move or go away).
+    users: Arc<RangeUsers>,
 }
 
 #[derive(Default)]
@@ -94,6 +105,7 @@ enum Chunk {
         window: Arc<LocalWindow>,
         offset: u64,
         len: usize,
+        _use: RangeUse,
     },
 }
 
@@ -117,6 +129,7 @@ struct Inner {
     file: TrafficCounters,
     message: TrafficCounters,
     local: TrafficCounters,
+    peer: TrafficCounters,
 }
 
 /// The guest-physical address space as one device sees it. Clone freely;
@@ -171,6 +184,7 @@ impl DmaSpace {
                 file: TrafficCounters::default(),
                 message: TrafficCounters::default(),
                 local: TrafficCounters::default(),
+                peer: TrafficCounters::default(),
             }),
         }
     }
@@ -295,6 +309,7 @@ impl DmaSpace {
             file: self.inner.file.snapshot(),
             message: self.inner.message.snapshot(),
             local: self.inner.local.snapshot(),
+            peer: self.inner.peer.snapshot(),
         }
     }
 }

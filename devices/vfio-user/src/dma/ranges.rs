@@ -234,6 +234,8 @@ impl DmaSpace {
                 len,
                 memory,
                 mem_offset,
+                peer: false,
+                users: Arc::new(RangeUsers::default()),
             }),
         );
         debug!(gpa, len, window = id.0, "local window added");
@@ -246,7 +248,7 @@ impl DmaSpace {
         let old = map
             .windows
             .values()
-            .find(|w| w.id == id)
+            .find(|w| w.id == id && !w.peer)
             .cloned()
             .ok_or(DmaError::UnknownWindow)?;
         Self::check_window_free(&map, new_gpa, old.len, Some(id))?;
@@ -259,6 +261,8 @@ impl DmaSpace {
                 len: old.len,
                 memory: Arc::clone(&old.memory),
                 mem_offset: old.mem_offset,
+                peer: old.peer,
+                users: Arc::clone(&old.users),
             }),
         );
         debug!(
@@ -273,7 +277,11 @@ impl DmaSpace {
     /// Removes a window; returns whether it existed.
     pub fn remove_local_window(&self, id: LocalWindowId) -> bool {
         let mut map = self.map_mut();
-        let key = map.windows.values().find(|w| w.id == id).map(|w| w.gpa);
+        let key = map
+            .windows
+            .values()
+            .find(|w| w.id == id && !w.peer)
+            .map(|w| w.gpa);
         match key {
             Some(gpa) => {
                 map.windows.remove(&gpa);
@@ -291,6 +299,160 @@ impl DmaSpace {
             .values()
             .find(|w| w.id == id)
             .map(|w| (w.gpa, w.len))
+    }
+
+    // ----- peer windows -----
+
+    /// Serves `[gpa, gpa+len)` from a peer server's `memory` (from
+    /// `mem_offset`), ahead of the message-only client range QEMU maps
+    /// there for that peer's BAR. Refused where it would overlap another
+    /// window or guest RAM (a client range with an fd): a peer never
+    /// shadows memory the client gave us.
+    pub fn add_peer_window(
+        &self,
+        gpa: u64,
+        len: u64,
+        memory: Arc<dyn LocalMemory>,
+        mem_offset: u64,
+    ) -> Result<LocalWindowId, DmaError> {
+        if len == 0 {
+            return Err(DmaError::Invalid("empty window"));
+        }
+        let mem_end = range_end(mem_offset, len)?;
+        if mem_end > memory.size() {
+            return Err(DmaError::OutOfBounds {
+                offset: mem_offset,
+                len,
+                size: memory.size(),
+            });
+        }
+        let mut map = self.map_mut();
+        Self::check_window_free(&map, gpa, len, None)?;
+        Self::check_no_guest_ram(&map, gpa, len)?;
+        let id = LocalWindowId(map.next_window);
+        map.next_window += 1;
+        map.windows.insert(
+            gpa,
+            Arc::new(LocalWindow {
+                id,
+                gpa,
+                len,
+                memory,
+                mem_offset,
+                peer: true,
+                users: Arc::new(RangeUsers::default()),
+            }),
+        );
+        debug!(gpa, len, window = id.0, "peer window added");
+        Ok(id)
+    }
+
+    /// Removes a peer window and returns once no access runs through it
+    /// any more (at most [`timeout`](Self::timeout); then
+    /// [`DmaError::StillInUse`], the window being gone for new accesses
+    /// anyway). Returns whether the window existed.
+    pub fn remove_peer_window(&self, id: LocalWindowId) -> Result<bool, DmaError> {
+        let removed = {
+            let mut map = self.map_mut();
+            let key = map
+                .windows
+                .values()
+                .find(|w| w.id == id && w.peer)
+                .map(|w| w.gpa);
+            key.and_then(|gpa| map.windows.remove(&gpa))
+        };
+        let Some(window) = removed else {
+            return Ok(false);
+        };
+        debug!(gpa = window.gpa, window = id.0, "peer window removed");
+        self.drain_window(&window)?;
+        Ok(true)
+    }
+
+    /// Moves a peer window to `new_gpa`, returning once no access runs
+    /// through the old placement any more (as
+    /// [`remove_peer_window`](Self::remove_peer_window)). If the new
+    /// placement is refused (overlap), the window is gone and the error
+    /// says why: accesses there then take the message path.
+    pub fn move_peer_window(&self, id: LocalWindowId, new_gpa: u64) -> Result<(), DmaError> {
+        let (old, placed) = {
+            let mut map = self.map_mut();
+            let old = map
+                .windows
+                .values()
+                .find(|w| w.id == id && w.peer)
+                .cloned()
+                .ok_or(DmaError::UnknownWindow)?;
+            map.windows.remove(&old.gpa);
+            let placed = Self::check_window_free(&map, new_gpa, old.len, None)
+                .and_then(|()| Self::check_no_guest_ram(&map, new_gpa, old.len));
+            if placed.is_ok() {
+                map.windows.insert(
+                    new_gpa,
+                    Arc::new(LocalWindow {
+                        id,
+                        gpa: new_gpa,
+                        len: old.len,
+                        memory: Arc::clone(&old.memory),
+                        mem_offset: old.mem_offset,
+                        peer: true,
+                        users: Arc::new(RangeUsers::default()),
+                    }),
+                );
+            }
+            (old, placed)
+        };
+        debug!(
+            from = old.gpa,
+            to = new_gpa,
+            window = id.0,
+            ok = placed.is_ok(),
+            "peer window moved"
+        );
+        self.drain_window(&old)?;
+        placed
+    }
+
+    /// Where a peer window currently sits: (gpa, len).
+    pub fn peer_window(&self, id: LocalWindowId) -> Option<(u64, u64)> {
+        self.map()
+            .windows
+            .values()
+            .find(|w| w.id == id && w.peer)
+            .map(|w| (w.gpa, w.len))
+    }
+
+    /// Closes a window that left the map and waits for its accesses.
+    fn drain_window(&self, window: &LocalWindow) -> Result<(), DmaError> {
+        window.users.remove();
+        let deadline = std::time::Instant::now() + self.timeout();
+        if window.users.wait_idle(deadline) {
+            Ok(())
+        } else {
+            Err(DmaError::StillInUse {
+                gpa: window.gpa,
+                len: window.len,
+                after: self.timeout(),
+            })
+        }
+    }
+
+    fn check_no_guest_ram(map: &AddressMap, gpa: u64, len: u64) -> Result<(), DmaError> {
+        let end = range_end(gpa, len)?;
+        let first = map
+            .client
+            .range(..gpa)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| r.end() > gpa);
+        let clash = first
+            .into_iter()
+            .chain(map.client.range(gpa..end).map(|(_, r)| r))
+            .any(|r| !matches!(r.backing, Backing::Message));
+        if clash {
+            return Err(DmaError::Overlap { gpa, len });
+        }
+        Ok(())
     }
 
     fn check_window_free(

@@ -237,6 +237,9 @@ pub enum DmaTarget {
     MessageOnly,
     /// Entirely inside one of this device's local windows.
     Local(LocalWindowId),
+    /// Entirely inside one peer window (another server's memory, reached
+    /// directly).
+    Peer(LocalWindowId),
     /// At least one byte is not mapped at all.
     Unmapped,
     /// Mapped, but by ranges of different kinds.
@@ -284,6 +287,9 @@ pub struct DmaStats {
     pub message: Traffic,
     /// The device's own local windows.
     pub local: Traffic,
+    /// Peer windows: other p2plab servers' BAR memory, reached directly
+    /// through the memfd they shared (no message through the client).
+    pub peer: Traffic,
 }
 
 /// A client range as listed by [`DmaSpace::mappings`](super::DmaSpace::mappings).
