@@ -71,11 +71,40 @@ impl Window {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 enum Target {
+    #[default]
     Host,
     Cmb(u64),
     Pmr(u64),
+}
+
+/// The pieces of one access, kept inline: two windows cut a range into at
+/// most five pieces (host, window, host, window, host), since every piece
+/// ends at the range's end or at a window's start or end.
+#[derive(Default)]
+struct Pieces {
+    items: [(u64, u64, Target); 5],
+    len: usize,
+}
+
+impl Pieces {
+    /// Appends a piece; `None` if all five slots are taken (impossible by
+    /// the argument above, but a fault is better than a panic).
+    fn push(&mut self, piece: (u64, u64, Target)) -> Option<()> {
+        let slot = self.items.get_mut(self.len)?;
+        *slot = piece;
+        self.len += 1;
+        Some(())
+    }
+}
+
+impl IntoIterator for Pieces {
+    type Item = (u64, u64, Target);
+    type IntoIter = std::iter::Take<std::array::IntoIter<(u64, u64, Target), 5>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter().take(self.len)
+    }
 }
 
 /// The controller's armed injections, shared with the router so that
@@ -235,23 +264,22 @@ impl DmaRouter {
     }
 
     /// Splits `[addr, addr+len)` into pieces wholly inside one window or
-    /// wholly outside both: `(addr, len, target)`.
-    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<(u64, u64, Target)>, DmaFault> {
+    /// wholly outside both: `(addr, len, target)`. Runs for every DMA
+    /// access (each SQ entry, data buffer, CQ entry, shadow doorbell
+    /// poll), so it allocates nothing.
+    fn pieces(&self, addr: u64, len: u64) -> Result<Pieces, DmaFault> {
         let end = addr
             .checked_add(len)
             .ok_or_else(|| DmaFault::unmapped(addr, len, "address range wraps around"))?;
-        let windows: Vec<(u64, u64, bool)> = [(&self.cmb, true), (&self.pmr, false)]
-            .into_iter()
-            .filter_map(|(w, is_cmb)| w.span().map(|(b, e, _)| (b, e, is_cmb)))
-            .collect();
-        if windows.is_empty() {
-            return Ok(vec![(addr, len, Target::Host)]);
-        }
-        let mut out = Vec::with_capacity(1);
+        let cmb = self.cmb.span().map(|(b, e, _)| (b, e, true));
+        let pmr = self.pmr.span().map(|(b, e, _)| (b, e, false));
+        let windows = [cmb, pmr];
+        let windows = windows.iter().flatten();
+        let mut out = Pieces::default();
         let mut at = addr;
         while at < end {
-            if let Some(&(base, wend, is_cmb)) =
-                windows.iter().find(|(b, e, _)| at >= *b && at < *e)
+            let piece = if let Some(&(base, wend, is_cmb)) =
+                windows.clone().find(|(b, e, _)| at >= *b && at < *e)
             {
                 let stop = end.min(wend);
                 let offset = at - base;
@@ -260,20 +288,21 @@ impl DmaRouter {
                 } else {
                     Target::Pmr(offset)
                 };
-                out.push((at, stop - at, target));
-                at = stop;
+                (at, stop - at, target)
             } else {
                 // Guest memory up to the next window that starts above.
                 let next = windows
-                    .iter()
+                    .clone()
                     .map(|(b, _, _)| *b)
                     .filter(|b| *b > at)
                     .min()
                     .unwrap_or(end);
-                let stop = end.min(next);
-                out.push((at, stop - at, Target::Host));
-                at = stop;
-            }
+                (at, end.min(next) - at, Target::Host)
+            };
+            out.push(piece).ok_or_else(|| {
+                DmaFault::unmapped(addr, len, "range splits into too many pieces")
+            })?;
+            at += piece.1;
         }
         Ok(out)
     }
@@ -586,6 +615,41 @@ mod tests {
             4,
             "PMR no longer decoded"
         );
+    }
+
+    /// Catches a fixed piece table too small for the worst split (host,
+    /// window, host, window, host), and overlapping windows that loop.
+    #[test]
+    fn the_most_fragmented_access_fits_in_five_pieces() {
+        let guest = FakeGuestMemory::new().with_region(0x10000, 0x10000);
+        let r = DmaRouter::with_pmr(
+            Arc::new(guest),
+            Some(Arc::new(HeapRegion::new(0x1000))),
+            Some(Arc::new(HeapRegion::new(0x1000))),
+            Arc::new(Stats::default()),
+        );
+        r.set_window(Some(0x12000));
+        r.set_pmr_window(Some(0x14000));
+        let data: Vec<u8> = (0..0x5000u32).map(|i| (i % 251) as u8).collect();
+        let p = r.write(0x11000, &data).unwrap();
+        assert_eq!(
+            p,
+            Placement {
+                cmb: 0x1000,
+                pmr: 0x1000,
+                host: 0x3000
+            }
+        );
+        assert_eq!(r.pieces(0x11000, 0x5000).unwrap().into_iter().count(), 5);
+        let mut back = vec![0u8; 0x5000];
+        r.read(0x11000, &mut back).unwrap();
+        assert_eq!(back, data);
+        // Overlapping windows (a guest may program both BARs on top of
+        // each other): the CMB wins where they overlap, nothing loops.
+        r.set_pmr_window(Some(0x12800));
+        let p = r.read(0x11000, &mut back).unwrap();
+        assert_eq!(p.cmb + p.pmr + p.host, 0x5000);
+        assert_eq!((p.cmb, p.pmr), (0x1000, 0x800));
     }
 
     #[test]

@@ -204,6 +204,30 @@ impl Header {
     pub fn payload_len(&self) -> Option<usize> {
         (self.size as usize).checked_sub(HEADER_SIZE)
     }
+
+    /// Why these 16 bytes cannot be the start of a message a conforming
+    /// peer sends, or `None` if they can. Used where the stream may have
+    /// lost sync (after a reply whose tail a client may have dropped): a
+    /// real header has a known type and command, no unknown flag bits, an
+    /// errno only with the error flag, and a size between the header's
+    /// own and `max_size`.
+    pub fn implausible(&self, max_size: usize) -> Option<String> {
+        let known_flags = flags::TYPE_MASK | flags::NO_REPLY | flags::ERROR;
+        let why = if !matches!(self.message_type(), flags::TYPE_COMMAND | flags::TYPE_REPLY) {
+            format!("message type {}", self.message_type())
+        } else if self.flags & !known_flags != 0 {
+            format!("unknown flag bits {:#x}", self.flags & !known_flags)
+        } else if !(cmd::VERSION..=cmd::MIG_DATA_WRITE).contains(&self.command) {
+            format!("command {}", self.command)
+        } else if self.error != 0 && !self.is_error() {
+            format!("errno {} without the error flag", self.error)
+        } else if (self.size as usize) < HEADER_SIZE || self.size as usize > max_size {
+            format!("size {}", self.size)
+        } else {
+            return None;
+        };
+        Some(why)
+    }
 }
 
 /// Message size for a payload. Payloads are bounded by the negotiated
@@ -418,6 +442,25 @@ impl Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn implausible_headers_are_named() {
+        let good = Header::command(3, cmd::REGION_WRITE, 24);
+        assert_eq!(good.implausible(1 << 20), None);
+        assert_eq!(good.error_reply(5).implausible(1 << 20), None);
+        let with = |f: fn(&mut Header)| {
+            let mut h = good;
+            f(&mut h);
+            h.implausible(1 << 20)
+        };
+        assert!(with(|h| h.flags = 2).is_some_and(|w| w.contains("type")));
+        assert!(with(|h| h.flags = 1 << 9).is_some_and(|w| w.contains("flag")));
+        assert!(with(|h| h.command = 0).is_some_and(|w| w.contains("command")));
+        assert!(with(|h| h.command = 19).is_some_and(|w| w.contains("command")));
+        assert!(with(|h| h.error = 4).is_some_and(|w| w.contains("errno")));
+        assert!(with(|h| h.size = 15).is_some_and(|w| w.contains("size")));
+        assert!(with(|h| h.size = (1 << 20) + 1).is_some_and(|w| w.contains("size")));
+    }
 
     #[test]
     fn header_round_trip() {

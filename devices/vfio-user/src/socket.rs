@@ -172,6 +172,67 @@ pub fn send_all(stream: &UnixStream, parts: &[&[u8]], fds: &[RawFd]) -> io::Resu
     Ok(())
 }
 
+/// Waits up to `timeout` for `stream` to have bytes to read (or to be
+/// closed). Returns whether it became readable. Retries on EINTR with the
+/// full timeout, which only ever waits longer, never misses data.
+pub fn wait_readable(stream: &UnixStream, timeout: std::time::Duration) -> io::Result<bool> {
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, alive for the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, millis) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        return Ok(n > 0);
+    }
+}
+
+/// Bytes waiting in the receive queue of `stream` (SIOCINQ).
+pub fn queued_bytes(stream: &UnixStream) -> io::Result<usize> {
+    let mut count: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points
+    // at a live local.
+    let r = unsafe { libc::ioctl(stream.as_raw_fd(), libc::FIONREAD, &mut count) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// Copies up to `buf.len()` waiting bytes without consuming them and
+/// without blocking. Returns how many were copied (0 when none wait).
+pub fn peek(stream: &UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is exclusively borrowed and valid for its length.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(err),
+            }
+        }
+        return Ok(n as usize);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

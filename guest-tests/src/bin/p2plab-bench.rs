@@ -56,6 +56,27 @@ struct Cli {
     /// Topology for the anchor; its one `-drive` gets the cache mode.
     #[arg(long, default_value = "anchor-qemu-nvme")]
     anchor: String,
+    /// Run only these compared jobs (repeatable, e.g. `--only
+    /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
+    #[arg(long, value_parser = parse_job_name)]
+    only: Vec<String>,
+}
+
+fn parse_job_name(text: &str) -> Result<String, String> {
+    if COMPARED.iter().any(|j| j.name == text) {
+        Ok(text.to_owned())
+    } else {
+        let names: Vec<&str> = COMPARED.iter().map(|j| j.name).collect();
+        Err(format!("{text:?}: one of {}", names.join(", ")))
+    }
+}
+
+/// The compared jobs `only` selects (all when empty).
+fn selected(only: &[String]) -> Vec<&'static Job> {
+    COMPARED
+        .iter()
+        .filter(|j| only.is_empty() || only.iter().any(|o| o == j.name))
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -212,10 +233,10 @@ fn fio_line(label: &str, fio: &str, mem: &str, runtime: u32) -> String {
     )
 }
 
-fn guest_script(runtime: u32, p2p: bool) -> String {
+fn guest_script(jobs: &[&Job], runtime: u32, p2p: bool) -> String {
     let mut script =
         String::from("set -e\n[ -b /dev/nvme0n1 ] || { echo 'no /dev/nvme0n1'; exit 1; }\n");
-    for job in COMPARED {
+    for job in jobs {
         script.push_str(&fio_line(job.name, job.fio, "", runtime));
     }
     if p2p {
@@ -442,9 +463,9 @@ impl Row {
     }
 }
 
-fn compared_rows(ours: &Side, anchor: &Side) -> Vec<Row> {
+fn compared_rows(jobs: &[&Job], ours: &Side, anchor: &Side) -> Vec<Row> {
     let mut rows = Vec::new();
-    for job in COMPARED {
+    for job in jobs {
         let metric = |s: &Sample| s.figure(job.metric);
         rows.push(Row {
             label: format!("{} {}", job.name, job.metric.label()),
@@ -656,9 +677,10 @@ fn run(cli: &Cli) -> Result<()> {
     )?;
     let timeout = Some(Duration::from_secs(u64::from(cli.runtime) * 20 + 600));
     let server_args = vec!["--caching".to_owned(), cli.caching.server_flag().to_owned()];
+    let jobs = selected(&cli.only);
     let mut ours_options = LabOptions::new(
         &cli.ours,
-        Mode::Exec(guest_script(cli.runtime, !cli.no_p2p)),
+        Mode::Exec(guest_script(&jobs, cli.runtime, !cli.no_p2p)),
     );
     ours_options.stream_output = false;
     ours_options.timeout = timeout;
@@ -666,13 +688,13 @@ fn run(cli: &Cli) -> Result<()> {
     ours_options.server_args = vec![("nvme0".to_owned(), server_args.clone())];
     let mut anchor_options = LabOptions::new(
         &anchor_path.to_string_lossy(),
-        Mode::Exec(guest_script(cli.runtime, false)),
+        Mode::Exec(guest_script(&jobs, cli.runtime, false)),
     );
     anchor_options.stream_output = false;
     anchor_options.timeout = timeout;
     anchor_options.kernel_log.enforce = false;
 
-    let mut ours_labels: Vec<String> = COMPARED.iter().map(|j| j.name.to_owned()).collect();
+    let mut ours_labels: Vec<String> = jobs.iter().map(|j| j.name.to_owned()).collect();
     let anchor_labels = ours_labels.clone();
     if !cli.no_p2p {
         for job in P2P {
@@ -704,7 +726,7 @@ fn run(cli: &Cli) -> Result<()> {
         }
     }
 
-    let compared = compared_rows(&ours, &anchor);
+    let compared = compared_rows(&jobs, &ours, &anchor);
     let p2p = if cli.no_p2p {
         Vec::new()
     } else {
@@ -879,7 +901,7 @@ mod tests {
 
     #[test]
     fn the_guest_script_runs_every_job_once() {
-        let script = guest_script(5, true);
+        let script = guest_script(&selected(&[]), 5, true);
         for job in COMPARED {
             assert_eq!(script.matches(&format!("--name={} ", job.name)).count(), 1);
         }
@@ -894,6 +916,10 @@ mod tests {
             );
         }
         assert_eq!(script.matches("p2pmem/allocate").count(), P2P.len());
-        assert!(!guest_script(5, false).contains("p2pmem"));
+        assert!(!guest_script(&selected(&[]), 5, false).contains("p2pmem"));
+        let one = guest_script(&selected(&["4k-randread-qd32".to_owned()]), 5, false);
+        assert_eq!(one.matches("--name=").count(), 1);
+        assert!(parse_job_name("4k-randread-qd32").is_ok());
+        assert!(parse_job_name("4k-randread").is_err());
     }
 }

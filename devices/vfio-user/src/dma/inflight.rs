@@ -22,6 +22,10 @@ struct UsersState {
     removed: bool,
     /// Fences (device reset) currently holding the range closed.
     fences: usize,
+    /// Threads in [`RangeUsers::wait_idle`]. The last use only signals
+    /// `idle` when someone waits: a condvar notify is a futex syscall even
+    /// with no waiter, and every DMA access ends a use.
+    waiting: usize,
 }
 
 /// The users of one client range.
@@ -86,11 +90,13 @@ impl RangeUsers {
             if now >= deadline {
                 return false;
             }
+            state.waiting += 1;
             state = self
                 .idle
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.waiting -= 1;
         }
         true
     }
@@ -113,7 +119,7 @@ impl Drop for RangeUse {
     fn drop(&mut self) {
         let mut state = self.users.lock();
         state.active = state.active.saturating_sub(1);
-        if state.active == 0 {
+        if state.active == 0 && state.waiting > 0 {
             self.users.idle.notify_all();
         }
     }

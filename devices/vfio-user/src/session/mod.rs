@@ -2,6 +2,17 @@
 //! route replies to our DMA requests, decode and check client commands,
 //! call the device, reply.
 //!
+//! Replies to our DMA requests get stricter checks, because QEMU 11.1
+//! drops the tail of a message its socket cannot take at once (see
+//! devices/vfio-user/README.md): a reply header must match the request it
+//! answers (id, command, flags, exact size) before its payload is read;
+//! its payload must arrive without a pause (QEMU writes a message with one
+//! sendmsg, so a pause inside it means the rest is gone); and the header
+//! after a DMA_READ reply's data must look like a header before that data
+//! reaches the device. Any failure fails that DMA and drops the
+//! connection: the protocol has no marker to find the next header by, so
+//! once bytes are missing nothing after them can be trusted.
+//!
 //! Stream sync is sacred: a message is always read to its last byte (the
 //! header's size says how many) before it is judged, so a refused message
 //! never leaves bytes behind for the next one. Only a header that cannot
@@ -12,6 +23,7 @@ use std::borrow::Cow;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -24,7 +36,7 @@ use crate::protocol::{
     MAX_DATA_XFER_LIMIT, MESSAGE_OVERHEAD, VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::record::Recorder;
-use crate::socket::recv_with_fds;
+use crate::socket::{peek, queued_bytes, recv_with_fds, wait_readable};
 
 mod dma_cmds;
 mod info;
@@ -32,6 +44,12 @@ mod region;
 
 /// Smallest `max_data_xfer_size` a client may announce: one page.
 const MIN_CLIENT_XFER: u32 = 4096;
+
+/// How long the bytes of a reply may pause before we take the reply as cut
+/// short. QEMU writes each message with one sendmsg, so its bytes arrive
+/// within microseconds of each other; a second covers a descheduled QEMU
+/// on a loaded host and stays far below the DMA timeout.
+pub(crate) const REPLY_STALL: Duration = Duration::from_secs(1);
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,6 +261,9 @@ impl<'a> Session<'a> {
                 header.size
             )));
         }
+        if header.is_reply() {
+            return self.read_reply(header, &raw, payload_len, fds, fds_truncated);
+        }
         let payload = if payload_len > self.payload_limit() {
             // Over our limit but plausible: swallow it so the stream stays
             // in sync, then refuse it.
@@ -280,6 +301,118 @@ impl<'a> Session<'a> {
             fds,
             fds_truncated,
         }))
+    }
+
+    /// Reads a reply to one of our DMA requests after checking its header
+    /// against the request (see the module comment). Any doubt ends the
+    /// connection and fails the DMA: once the client dropped bytes,
+    /// nothing tells where its next message starts.
+    fn read_reply(
+        &mut self,
+        header: Header,
+        raw: &[u8; HEADER_SIZE],
+        payload_len: usize,
+        mut fds: Vec<OwnedFd>,
+        mut fds_truncated: bool,
+    ) -> Result<Inbound, ConnectionEnd> {
+        let out_of_sync = |why: String| {
+            ConnectionEnd::Protocol(format!(
+                "stream out of sync: {why}; the client probably cut an earlier \
+                 message short (QEMU short write, see devices/vfio-user/README.md)"
+            ))
+        };
+        if let Err(why) = self.link.check_reply(&header) {
+            self.link
+                .fail(header.msg_id, DmaError::Protocol(why.clone()));
+            return Err(out_of_sync(why));
+        }
+        let mut payload = vec![0u8; payload_len];
+        let mut filled = 0usize;
+        let max_fds = self.config.max_msg_fds as usize;
+        while filled < payload_len {
+            if !wait_readable(self.stream, REPLY_STALL)
+                .map_err(|e| ConnectionEnd::Io(e.to_string()))?
+            {
+                let why = format!(
+                    "reply id {} ({}) cut short: {filled} of {payload_len} payload bytes \
+                     arrived, then nothing for {REPLY_STALL:?}",
+                    header.msg_id,
+                    command_name(header.command)
+                );
+                self.link
+                    .fail(header.msg_id, DmaError::Protocol(why.clone()));
+                return Err(ConnectionEnd::Protocol(format!(
+                    "{why}; QEMU drops what its socket cannot take at once \
+                     (see devices/vfio-user/README.md)"
+                )));
+            }
+            let rest = payload.get_mut(filled..).unwrap_or_default();
+            let got = recv_with_fds(self.stream, rest, &mut fds, max_fds)
+                .map_err(|e| ConnectionEnd::Io(e.to_string()))?;
+            fds_truncated |= got.fds_truncated;
+            if got.bytes == 0 {
+                return Err(ConnectionEnd::Protocol(format!(
+                    "connection closed inside a reply ({filled} of {payload_len} payload bytes)"
+                )));
+            }
+            filled += got.bytes;
+        }
+        if header.command == cmd::DMA_READ && !header.is_error() {
+            if let Err(why) = self.next_header_fits() {
+                let why = format!(
+                    "after DMA_READ reply id {} ({payload_len} bytes): {why}",
+                    header.msg_id
+                );
+                self.link
+                    .fail(header.msg_id, DmaError::Protocol(why.clone()));
+                return Err(out_of_sync(why));
+            }
+        }
+        if let Some(recorder) = self.recorder {
+            recorder.message(&fds, &[raw, &payload]);
+        }
+        Ok(Inbound::Message(Message {
+            header,
+            payload: Some(payload),
+            fds,
+            fds_truncated,
+        }))
+    }
+
+    /// Whether the bytes after a DMA_READ reply start a plausible message.
+    /// If the client cut that reply short, its data ran into the next
+    /// message and what follows starts mid-message: caught here, before
+    /// the data reaches the device. Nothing waiting means the reply ended
+    /// where the client's write did, which is fine.
+    fn next_header_fits(&self) -> Result<(), String> {
+        let io = |e: std::io::Error| format!("socket error: {e}");
+        if queued_bytes(self.stream).map_err(io)? == 0 {
+            return Ok(());
+        }
+        let mut next = [0u8; HEADER_SIZE];
+        let deadline = Instant::now() + REPLY_STALL;
+        loop {
+            if peek(self.stream, &mut next).map_err(io)? == HEADER_SIZE {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err("the next message's header did not arrive whole".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let next = Header::decode(&next);
+        let max_size = (MAX_DATA_XFER_LIMIT as usize)
+            .saturating_add(MESSAGE_OVERHEAD)
+            .saturating_add(HEADER_SIZE);
+        if let Some(why) = next.implausible(max_size) {
+            return Err(format!("the next 16 bytes are no header ({why})"));
+        }
+        if next.is_reply() {
+            self.link
+                .check_reply(&next)
+                .map_err(|why| format!("the next message is a bad reply: {why}"))?;
+        }
+        Ok(())
     }
 
     fn route_reply(&self, msg: Message) {
