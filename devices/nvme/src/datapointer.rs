@@ -412,6 +412,10 @@ pub fn map_sgl(
                 }
                 let before = remaining;
                 map_sgl_data(body, &mut remaining, dir, &mut buf)?;
+                // The transfer is complete: the rest of the chain is excess.
+                if remaining == 0 {
+                    break;
+                }
                 // A segment that moves no data and only links onward could
                 // loop forever through a self-referencing chain: refuse it.
                 if remaining == before {
@@ -435,6 +439,13 @@ fn map_sgl_data(
     buf: &mut DataBuffer,
 ) -> Result<(), Status> {
     for d in descriptors {
+        // Identify SGLS bit 18: descriptors may describe more than the
+        // transfer; the excess is not touched. Linux 7.x maps a user
+        // passthrough's whole buffer this way (`nvme io-passthru
+        // --data-len 4096` reading one 512-byte block, blktests nvme/046).
+        if *remaining == 0 {
+            break;
+        }
         match d.kind {
             SGL_DATA_BLOCK if d.subtype == 0 => {}
             // Bit buckets only make sense when the controller sends data.
@@ -442,14 +453,9 @@ fn map_sgl_data(
             SGL_SEGMENT | SGL_LAST_SEGMENT => return Err(Status::INVALID_SGL_DESCRIPTOR_COUNT),
             _ => return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID),
         }
-        let len = u64::from(d.len);
+        let len = u64::from(d.len).min(*remaining);
         if len == 0 {
             continue;
-        }
-        // The SGL may not describe more than the transfer (Identify SGLS
-        // bit 18 is clear).
-        if len > *remaining {
-            return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
         let bit_bucket = d.kind == SGL_BIT_BUCKET;
         if !bit_bucket && d.addr.checked_add(len).is_none() {
@@ -594,9 +600,12 @@ mod tests {
             Err(Status::DATA_SGL_LENGTH_INVALID),
             "SGL shorter than the transfer"
         );
+        // SGLS bit 18: an SGL longer than the transfer moves only the
+        // transfer's bytes, from the start of the SGL.
+        let b = map_sgl(&r, &d, 99, Direction::ToHost).unwrap();
         assert_eq!(
-            map_sgl(&r, &d, 99, Direction::ToHost),
-            Err(Status::DATA_SGL_LENGTH_INVALID),
+            segs(&b),
+            vec![(RAM + 3, 99)],
             "SGL longer than the transfer"
         );
         let bb = sgl_descriptor(SGL_BIT_BUCKET, 0, 64);
@@ -650,6 +659,20 @@ mod tests {
         let mut got = vec![0u8; 0x80];
         g.read(RAM + 0x3000, &mut got).unwrap();
         assert_eq!(&got[..], &data[0x180..]);
+
+        // SGLS bit 18: a transfer that ends inside the first segment never
+        // follows the chain (here into a segment outside guest memory).
+        put_descs(
+            &g,
+            seg1,
+            &[
+                sgl_descriptor(SGL_DATA_BLOCK, RAM + 0x1000, 0x1000),
+                sgl_descriptor(SGL_DATA_BLOCK, RAM + 0x4000, 0x100),
+                sgl_descriptor(SGL_LAST_SEGMENT, 0x7000_0000, 32),
+            ],
+        );
+        let b = map_sgl(&r, &first, 0x200, Direction::ToHost).unwrap();
+        assert_eq!(segs(&b), vec![(RAM + 0x1000, 0x200)]);
     }
 
     #[test]

@@ -19,8 +19,9 @@ const OACS_DOORBELL_BUFFER_CONFIG: u16 = 1 << 8;
 pub const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 6) | (1 << 7);
 
 /// SGLS: supported with byte-aligned data blocks (01b), Bit Bucket
-/// descriptors (bit 16).
-pub const SGLS: u32 = 0x1 | (1 << 16);
+/// descriptors (bit 16), SGLs longer than the transfer (bit 18: Linux
+/// maps a passthrough command's whole user buffer, which may exceed it).
+pub const SGLS: u32 = 0x1 | (1 << 16) | (1 << 18);
 
 /// Identify Controller (CNS 01h).
 pub fn controller(cfg: &ControllerConfig, namespaces: u32) -> Vec<u8> {
