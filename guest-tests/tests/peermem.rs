@@ -5,10 +5,12 @@
 //!
 //! `peer_memory_and_dmabuf_in_the_lab` (one boot of `lab`, NVMe as the
 //! named peer under the same switch) catches:
-//! - get/map returning wrong addresses: the page table's physical pages and
-//!   the peer's DMA addresses must both start at BAR2 (sysfs `resource`; on
-//!   q35 the bus address equals it) plus the allocation's VRAM offset, be
-//!   contiguous per 4 KiB page, and the map type must be BUS_ADDR;
+//! - get/map returning wrong addresses: the tool pins all but the first
+//!   page of an allocation that a spacer put past VRAM offset 0; the page
+//!   table's physical pages and the peer's DMA addresses must both start at
+//!   BAR2 (sysfs `resource`; on q35 the bus address equals it) plus the
+//!   allocation's VRAM offset plus one page, be contiguous per 4 KiB page,
+//!   and the map type must be BUS_ADDR;
 //! - a put_pages that fails or runs the callback anyway (round trip);
 //! - a driver that forgets an importer when the memory goes away: the free
 //!   callback must run exactly once, in process context, on FREE, on the
@@ -54,8 +56,12 @@ p2plab-gpu-tool nop >/dev/null; echo "RESET_NEXT_NOP=$?"
 echo "P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
 echo "DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
 p2plab-gpu-tool p2p-scenario $nvme_bdf 1M unbind UNBIND; echo "UNBIND_STATUS=$?"
-i=0; until [ -e /dev/p2plab-gpu0 ] || [ $i -ge 50 ]; do sleep 0.1; i=$((i+1)); done
-p2plab-gpu-tool nop >/dev/null; echo "REBOUND_NOP=$?"
+echo "REBOUND_DRIVER=$(basename "$(readlink -f /sys/bus/pci/devices/$gpu_bdf/driver)")"
+# The old p2plab-gpu0 is gone with the scenario's process; the rebound GPU
+# is the one left in the class.
+rebound=$(ls /sys/class/p2plab-gpu | head -n1)
+echo "REBOUND_DEVICES=$(ls /sys/class/p2plab-gpu | wc -l)"
+p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "REBOUND_NOP=$?"
 rmmod p2plab_p2p_test; echo "RMMOD_STATUS=$?"
 echo "REFUSAL_DMESG=$(dmesg | grep -c "$reason")"
 exit 0
@@ -82,22 +88,29 @@ fn bar2_address(run: &GuestRun, prefix: &str) -> u64 {
     run.fact_u64("BAR2_START") + run.fact_u64(&format!("{prefix}_ALLOC_OFFSET"))
 }
 
+/// The tool pins all but the first page of an allocation made after a
+/// 1 MiB spacer: offsets inside VRAM and inside the allocation both count.
 fn expect_pinned(run: &GuestRun, prefix: &str) {
     run.expect(&format!("{prefix}_GET_RET"), "0");
     run.expect(&format!("{prefix}_MAP_RET"), "0");
     run.expect(&format!("{prefix}_PAGE_SIZE"), "4096");
+    assert_ne!(
+        run.fact_u64(&format!("{prefix}_ALLOC_OFFSET")),
+        0,
+        "{prefix}: the spacer puts the allocation past VRAM offset 0"
+    );
     let size = run.fact_u64(&format!("{prefix}_ALLOC_SIZE"));
     assert_eq!(
         run.fact_u64(&format!("{prefix}_ENTRIES")),
-        size / 4096,
-        "{prefix}: one entry per page"
+        size / 4096 - 1,
+        "{prefix}: one entry per pinned page"
     );
     assert_eq!(
         run.fact_u64(&format!("{prefix}_PT_VRAM_OFFSET")),
-        run.fact_u64(&format!("{prefix}_ALLOC_OFFSET")),
-        "{prefix}: the table starts at the allocation"
+        run.fact_u64(&format!("{prefix}_ALLOC_OFFSET")) + 4096,
+        "{prefix}: the table starts at the pinned address"
     );
-    let want = bar2_address(run, prefix);
+    let want = bar2_address(run, prefix) + 4096;
     assert_eq!(
         run.fact_u64(&format!("{prefix}_PHYS0")),
         want,
@@ -142,6 +155,8 @@ fn peer_memory_and_dmabuf_in_the_lab() {
         expect_revoked(&run, prefix);
     }
     run.expect("RESET_NEXT_NOP", "0");
+    run.expect("REBOUND_DRIVER", "p2plab_gpu");
+    run.expect("REBOUND_DEVICES", "1");
     run.expect("REBOUND_NOP", "0");
     // FREE, EXIT and RESET before the counters were read (UNBIND after).
     assert_eq!(
@@ -154,6 +169,7 @@ fn peer_memory_and_dmabuf_in_the_lab() {
     run.expect("DMABUF_STATUS", "0");
     run.expect("DMABUF_P2P_ATTACH_RET", "0");
     run.expect("DMABUF_P2P_MAP_RET", "0");
+    assert_ne!(run.fact_u64("DMABUF_ALLOC_OFFSET"), 0, "spacer");
     assert_eq!(
         run.fact_u64("DMABUF_P2P_DMA0"),
         bar2_address(&run, "DMABUF"),

@@ -471,19 +471,41 @@ static struct p2plab_gpu_alloc scenario_alloc(int fd, uint64_t size)
 	return a;
 }
 
-/* ALLOC, mmap, PIN: prints the pin's facts, returns its id (0: refused). */
+/*
+ * ALLOC (after a 1 MiB spacer allocation, so the VRAM offset is not 0),
+ * mmap, and PIN of all but the first page (so the table's offset inside
+ * the allocation is checked too): prints the pin's facts, returns its id
+ * (0: refused).
+ */
+/* A 1 MiB allocation kept until the file closes, so the next is not at 0. */
+static void scenario_spacer(int fd)
+{
+	struct p2plab_gpu_alloc spacer = { .size = 1u << 20 };
+
+	if (ioctl(fd, P2PLAB_GPU_IOC_ALLOC, &spacer))
+		die(EXIT_SYSTEM, "ALLOC of the spacer: %s", strerror(errno));
+}
+
 static uint32_t scenario_pin(int fd, int tfd, const char *peer, uint64_t size,
 			     uint32_t *handle)
 {
-	struct p2plab_gpu_alloc a = scenario_alloc(fd, size);
-	struct p2plab_p2p_test_pin pin = { .len = a.size };
+	struct p2plab_gpu_alloc a;
+	struct p2plab_p2p_test_pin pin;
+	long page = sysconf(_SC_PAGESIZE);
 	void *va;
+
+	scenario_spacer(fd);
+	a = scenario_alloc(fd, size);
+	if (a.size < 2 * (uint64_t)page)
+		die(EXIT_USAGE, "SIZE must be at least two pages");
+	memset(&pin, 0, sizeof(pin));
+	pin.len = a.size - (uint64_t)page;
 
 	va = mmap(NULL, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)a.vram_offset);
 	if (va == MAP_FAILED)
 		die(EXIT_SYSTEM, "mmap of the allocation: %s", strerror(errno));
 	*handle = a.handle;
-	pin.va = (uintptr_t)va;
+	pin.va = (uintptr_t)va + (uint64_t)page;
 	snprintf(pin.peer, sizeof(pin.peer), "%s", peer);
 	test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_PIN, &pin, "PIN");
 	fact("GET_RET", "%d", pin.get_ret);
@@ -597,11 +619,14 @@ static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
 	info.pci_name[sizeof(info.pci_name) - 1] = 0;
 
 	if (!strcmp(action, "dmabuf")) {
-		struct p2plab_gpu_alloc a = scenario_alloc(fd, size);
-		struct p2plab_gpu_export_dmabuf ex = { .handle = a.handle,
-						       .flags = O_CLOEXEC | O_RDWR };
+		struct p2plab_gpu_export_dmabuf ex = { .flags = O_CLOEXEC | O_RDWR };
 		struct p2plab_p2p_test_dmabuf_status st = { 0 };
+		struct p2plab_gpu_alloc a;
 		uint32_t plain_id;
+
+		scenario_spacer(fd);
+		a = scenario_alloc(fd, size);
+		ex.handle = a.handle;
 
 		if (ioctl(fd, P2PLAB_GPU_IOC_EXPORT_DMABUF, &ex))
 			die(EXIT_SYSTEM, "EXPORT_DMABUF: %s", strerror(errno));
@@ -644,7 +669,11 @@ static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
 	scenario_status(tfd, id, false, "AFTER");
 	scenario_status(tfd, id, true, "FORGET");
 	if (!strcmp(action, "unbind")) {
-		close(fd);
+		/*
+		 * The rebound GPU gets a new p2plab-gpuN while this process
+		 * still maps the old one's VRAM (its file, and so its number,
+		 * lives until the mapping goes).
+		 */
 		write_sysfs("/sys/bus/pci/drivers/p2plab_gpu/bind", info.pci_name);
 	}
 	return 0;
