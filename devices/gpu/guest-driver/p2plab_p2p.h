@@ -19,9 +19,11 @@
  * the callback the importer must:
  *   1. stop its device's DMA to the pages and wait until none is in flight;
  *      after the callback returns the VRAM may belong to someone else;
- *   2. call p2plab_p2p_free_dma_mapping() on each mapping of the table and
+ *   2. call p2plab_p2p_free_dma_mapping() on each mapping of the table it
+ *      still holds (one it already passed to dma_unmap_pages is gone) and
  *      then p2plab_p2p_free_page_table() on the table (not dma_unmap_pages
- *      or put_pages).
+ *      or put_pages). free_page_table fails with -EBUSY, freeing nothing,
+ *      while mappings of the table remain.
  *
  * Context and locking rules:
  * - Every function here may sleep; call them in process context only.
