@@ -11,7 +11,9 @@
 //!   BAR2 (sysfs `resource`; on q35 the bus address equals it) plus the
 //!   allocation's VRAM offset plus one page, be contiguous per 4 KiB page,
 //!   and the map type must be BUS_ADDR;
-//! - a put_pages that fails or runs the callback anyway (round trip);
+//! - a put_pages that fails or runs the callback anyway (round trip), and
+//!   an API that lets misuse through: put_pages while a DMA mapping exists
+//!   must fail with EBUSY, free_page_table outside a callback with EINVAL;
 //! - a driver that forgets an importer when the memory goes away: the free
 //!   callback must run exactly once, in process context, on FREE, on the
 //!   owner's process exit, on a function reset and on unbind, and the
@@ -80,6 +82,7 @@ exit 0
 /// enum pci_p2pdma_map_type
 const MAP_TYPE_BUS_ADDR: &str = "3";
 const EINVAL: &str = "-22";
+const EBUSY: &str = "-16";
 const ENODEV: &str = "-19";
 const EOPNOTSUPP: &str = "-95";
 
@@ -149,6 +152,10 @@ fn peer_memory_and_dmabuf_in_the_lab() {
     run.expect("RT_ALLOC_SIZE", &(16u64 << 20).to_string());
     run.expect("RT_UNPIN_PUT_RET", "0");
     run.expect("RT_UNPIN_CALLBACKS", "0");
+    // Misuse refused, nothing freed: put_pages while mapped, and
+    // free_page_table outside a free callback.
+    run.expect("RT_UNPIN_PUT_MAPPED_RET", EBUSY);
+    run.expect("RT_UNPIN_FREE_LIVE_RET", EINVAL);
 
     // Revocation on free, process exit, reset, unbind.
     for prefix in ["FREE", "EXIT", "RESET", "UNBIND"] {

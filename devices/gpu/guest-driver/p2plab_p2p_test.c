@@ -165,6 +165,19 @@ static long test_status(struct p2plab_p2p_test_status __user *uarg, bool unpin)
 		return -ENOENT;
 	}
 	arg.put_ret = 0;
+	arg.put_mapped_ret = 0;
+	arg.free_live_ret = 0;
+	if (unpin && p->pt) {
+		if (p->map)
+			arg.put_mapped_ret = p2plab_p2p_put_pages(p->pt);
+		if (!p->map || arg.put_mapped_ret)
+			arg.free_live_ret = p2plab_p2p_free_page_table(p->pt);
+		if (arg.put_mapped_ret == 0 && p->map) {
+			/* The driver let go of a mapped table: nothing is safe now. */
+			p->pt = NULL;
+			p->map = NULL;
+		}
+	}
 	if (unpin && p->pt) {
 		if (p->map)
 			arg.put_ret = p2plab_p2p_dma_unmap_pages(p->peer, p->pt, p->map);
@@ -373,6 +386,7 @@ static int __init p2plab_p2p_test_init(void)
 {
 	BUILD_BUG_ON(sizeof(struct p2plab_p2p_test_pin) != 104);
 	BUILD_BUG_ON(sizeof(struct p2plab_p2p_test_dmabuf) != 72);
+	BUILD_BUG_ON(sizeof(struct p2plab_p2p_test_status) != 32);
 	return misc_register(&test_misc);
 }
 

@@ -44,6 +44,9 @@ struct p2plab_p2p_test_status {
 	__u32 revoked;		/* out: the callback freed the table */
 	__u32 callback_in_task;	/* out: the callback ran in process context */
 	__s32 put_ret;		/* out (UNPIN): dma_unmap_pages, then put_pages */
+	/* out (UNPIN of a live, mapped pin), misuse the API must refuse: */
+	__s32 put_mapped_ret;	/* put_pages before dma_unmap_pages */
+	__s32 free_live_ret;	/* free_page_table outside the callback */
 	__u32 pad;
 };
 

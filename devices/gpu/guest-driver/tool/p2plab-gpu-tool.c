@@ -538,6 +538,10 @@ static struct p2plab_p2p_test_status scenario_status(int tfd, uint32_t id, bool 
 	if (unpin) {
 		snprintf(name, sizeof(name), "%s_PUT_RET", key);
 		fact(name, "%d", st.put_ret);
+		snprintf(name, sizeof(name), "%s_PUT_MAPPED_RET", key);
+		fact(name, "%d", st.put_mapped_ret);
+		snprintf(name, sizeof(name), "%s_FREE_LIVE_RET", key);
+		fact(name, "%d", st.free_live_ret);
 	}
 	return st;
 }
