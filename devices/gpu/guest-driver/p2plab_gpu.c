@@ -1025,6 +1025,8 @@ int p2plab_p2p_dma_map_pages(struct pci_dev *peer, struct p2plab_p2p_page_table 
 	if (!pin || !peer || !dma_mapping)
 		return -EINVAL;
 	gpu = pin->alloc->gpu;
+	if (READ_ONCE(pin->revoked))
+		return -ENODEV;
 	client = &peer->dev;
 	if (pci_p2pdma_distance_many(gpu->pdev, &client, 1, true) < 0)
 		return -EINVAL;
@@ -1223,6 +1225,8 @@ static int gpu_dmabuf_attach(struct dma_buf *dmabuf, struct dma_buf_attachment *
 	/* VRAM has no struct pages for the importer and cannot move to RAM. */
 	if (!attach->peer2peer)
 		return -EOPNOTSUPP;
+	if (READ_ONCE(db->revoked))
+		return -ENODEV;
 	/* The kernel's verdict, with its reason in dmesg on refusal. */
 	if (pci_p2pdma_distance(db->alloc->gpu->pdev, attach->dev, true) < 0)
 		return -EOPNOTSUPP;
@@ -1495,6 +1499,7 @@ static void p2plab_gpu_release_dev(struct device *dev)
 	struct p2plab_gpu *gpu = container_of(dev, struct p2plab_gpu, dev);
 
 	ida_free(&p2plab_gpu_ida, gpu->id);
+	pci_dev_put(gpu->pdev);
 	kfree(gpu);
 }
 
@@ -1592,7 +1597,11 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	if (ret)
 		goto err_put;
 
-	gpu->pdev = pdev;
+	/*
+	 * Held until the last reference to gpu: allocations and dma-bufs can
+	 * outlive the binding, even a hot unplug.
+	 */
+	gpu->pdev = pci_dev_get(pdev);
 	gpu->ring_entries = ring_entries;
 	init_rwsem(&gpu->hw_lock);
 	mutex_init(&gpu->submit_lock);
