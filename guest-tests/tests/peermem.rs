@@ -21,8 +21,9 @@
 //! - a dma-buf exporter that lets non-P2P importers attach, maps to wrong
 //!   addresses, or keeps mapping after a revoke: the P2P attachment maps
 //!   BAR2 + offset for the whole size, the plain one is refused with
-//!   EOPNOTSUPP, FREE invalidates the mapping (invalidate_mappings, the
-//!   former move_notify) and a new map fails with ENODEV;
+//!   EOPNOTSUPP, FREE, a function reset and unbind each invalidate the
+//!   mapping (invalidate_mappings, the former move_notify) and a new map
+//!   fails with ENODEV;
 //! - oopses and warnings: the clean-boot kernel-log check of every boot.
 //!
 //! `peer_memory_refused_on_separate_root_ports` catches an API that hands
@@ -55,6 +56,7 @@ p2plab-gpu-tool p2p-scenario $nvme_bdf 1M exit EXIT; echo "EXIT_STATUS=$?"
 p2plab-gpu-tool p2p-scenario $nvme_bdf 2M dmabuf DMABUF; echo "DMABUF_STATUS=$?"
 p2plab-gpu-tool p2p-scenario $nvme_bdf 1M reset RESET; echo "RESET_STATUS=$?"
 p2plab-gpu-tool nop >/dev/null; echo "RESET_NEXT_NOP=$?"
+p2plab-gpu-tool p2p-scenario $nvme_bdf 1M dmabuf-reset DBRESET; echo "DBRESET_STATUS=$?"
 echo "P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
 echo "DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
 p2plab-gpu-tool p2p-scenario $nvme_bdf 1M unbind UNBIND; echo "UNBIND_STATUS=$?"
@@ -64,6 +66,9 @@ echo "REBOUND_DRIVER=$(basename "$(readlink -f /sys/bus/pci/devices/$gpu_bdf/dri
 rebound=$(ls /sys/class/p2plab-gpu | head -n1)
 echo "REBOUND_DEVICES=$(ls /sys/class/p2plab-gpu | wc -l)"
 p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "REBOUND_NOP=$?"
+p2plab-gpu-tool -d /dev/$rebound p2p-scenario $nvme_bdf 1M dmabuf-unbind DBUNBIND; echo "DBUNBIND_STATUS=$?"
+rebound=$(ls /sys/class/p2plab-gpu | head -n1)
+p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "DBUNBIND_REBOUND_NOP=$?"
 rmmod p2plab_p2p_test; echo "RMMOD_STATUS=$?"
 echo "REFUSAL_DMESG=$(dmesg | grep -c "$reason")"
 exit 0
@@ -191,10 +196,20 @@ fn peer_memory_and_dmabuf_in_the_lab() {
     run.expect("DMABUF_REVOKED_INVALIDATIONS", "1");
     run.expect("DMABUF_REVOKED_STILL_MAPPED", "0");
     run.expect("DMABUF_REVOKED_REMAP_RET", ENODEV);
+    // The same on a function reset and on unbind.
+    for prefix in ["DBRESET", "DBUNBIND"] {
+        run.expect(&format!("{prefix}_STATUS"), "0");
+        run.expect(&format!("{prefix}_P2P_MAP_RET"), "0");
+        run.expect(&format!("{prefix}_REVOKED_INVALIDATIONS"), "1");
+        run.expect(&format!("{prefix}_REVOKED_STILL_MAPPED"), "0");
+        run.expect(&format!("{prefix}_REVOKED_REMAP_RET"), ENODEV);
+    }
+    run.expect("DBUNBIND_REBOUND_NOP", "0");
+    // DMABUF and DBRESET before the counter was read (DBUNBIND after).
     assert_eq!(
         run.fact_u64("DMABUF_REVOCATIONS") - run.fact_u64("BASE_DMABUF_REVOCATIONS"),
-        1,
-        "dmabuf_revocations counts the invalidated dma-buf"
+        2,
+        "dmabuf_revocations counts the invalidated dma-bufs"
     );
 
     run.expect("RMMOD_STATUS", "0");

@@ -58,7 +58,8 @@ static void usage(FILE *out)
 		"  p2p-scenario PEER SIZE ACTION PREFIX\n"
 		"                                peer-memory / dma-buf checks through the\n"
 		"                                p2plab_p2p_test module (PEER: PCI name);\n"
-		"                                ACTION: unpin free exit reset unbind dmabuf;\n"
+		"                                ACTION: unpin free exit reset unbind dmabuf\n"
+		"                                dmabuf-reset dmabuf-unbind;\n"
 		"                                prints PREFIX_KEY=VALUE facts\n"
 		"\n"
 		"Numbers: decimal or 0x hex, with an optional K, M, G or T suffix (binary).\n"
@@ -622,7 +623,9 @@ static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
 		die(EXIT_SYSTEM, "INFO: %s", strerror(errno));
 	info.pci_name[sizeof(info.pci_name) - 1] = 0;
 
-	if (!strcmp(action, "dmabuf")) {
+	if (!strncmp(action, "dmabuf", 6)) {
+		/* dmabuf: revoke by FREE; dmabuf-reset, dmabuf-unbind: by those. */
+		const char *how = action[6] == '-' ? action + 7 : "free";
 		struct p2plab_gpu_export_dmabuf ex = { .flags = O_CLOEXEC | O_RDWR };
 		struct p2plab_p2p_test_dmabuf_status st = { 0 };
 		struct p2plab_gpu_alloc a;
@@ -640,8 +643,18 @@ static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
 			test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_DETACH, &plain_id, "DETACH");
 		if (!id)
 			return 0;
-		if (ioctl(fd, P2PLAB_GPU_IOC_FREE, &a.handle))
-			die(EXIT_SYSTEM, "FREE: %s", strerror(errno));
+		if (!strcmp(how, "free")) {
+			if (ioctl(fd, P2PLAB_GPU_IOC_FREE, &a.handle))
+				die(EXIT_SYSTEM, "FREE: %s", strerror(errno));
+		} else if (!strcmp(how, "reset")) {
+			snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/reset",
+				 info.pci_name);
+			write_sysfs(path, "1");
+		} else if (!strcmp(how, "unbind")) {
+			write_sysfs("/sys/bus/pci/drivers/p2plab_gpu/unbind", info.pci_name);
+		} else {
+			die(EXIT_USAGE, "unknown action '%s'", action);
+		}
 		st.id = id;
 		test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_STATUS, &st, "DMABUF_STATUS");
 		fact("REVOKED_INVALIDATIONS", "%u", st.invalidations);
@@ -649,6 +662,8 @@ static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
 		fact("REVOKED_REMAP_RET", "%d", st.remap_ret);
 		test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_DETACH, &id, "DETACH");
 		close(ex.fd);
+		if (!strcmp(how, "unbind"))
+			write_sysfs("/sys/bus/pci/drivers/p2plab_gpu/bind", info.pci_name);
 		return 0;
 	}
 
