@@ -46,6 +46,8 @@
 #define NIC_STATUS_RX_ENABLED	0x08
 #define NIC_STATUS_BUS_MASTER	0x10
 #define NIC_STATUS_HALTED	0x20
+#define NIC_STATUS_TX_BUSY	0x40	/* the TX engine holds a descriptor */
+#define NIC_STATUS_RX_BUSY	0x80	/* the RX engine may write a buffer */
 
 #define NIC_CTRL_TX_ENABLE	0x01
 #define NIC_CTRL_RX_ENABLE	0x02

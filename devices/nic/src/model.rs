@@ -50,6 +50,8 @@ struct Ring {
     tail: u32,
     enabled: bool,
     halted: bool,
+    /// The engine holds a descriptor of this ring.
+    busy: bool,
     /// Bumped by reset and by disabling the ring: an engine drops work it
     /// fetched under an older generation.
     generation: u64,
@@ -139,6 +141,12 @@ impl Registers {
         }
         if self.tx.halted || self.rx.halted {
             s |= STATUS_HALTED;
+        }
+        if self.tx.busy {
+            s |= STATUS_TX_BUSY;
+        }
+        if self.rx.busy {
+            s |= STATUS_RX_BUSY;
         }
         s
     }
@@ -264,6 +272,8 @@ impl Device {
     /// and the frame limit, or `None` at shutdown.
     fn next_descriptor(&self, dir: Dir) -> Option<(u64, u64)> {
         let mut regs = self.lock();
+        // Whatever the engine held is done with (or abandoned).
+        regs.ring(dir).busy = false;
         loop {
             if regs.shutdown {
                 return None;
@@ -271,6 +281,7 @@ impl Device {
             let bus_master = regs.bus_master;
             let ring = regs.ring(dir);
             if ring.runnable(bus_master) {
+                ring.busy = true;
                 return Some((ring.generation, ring.slot()));
             }
             regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
@@ -670,10 +681,12 @@ fn reset_device(device: &Device) {
             shutdown: regs.shutdown,
             tx: Ring {
                 generation: regs.tx.generation + 1,
+                busy: regs.tx.busy,
                 ..Ring::default()
             },
             rx: Ring {
                 generation: regs.rx.generation + 1,
+                busy: regs.rx.busy,
                 ..Ring::default()
             },
             ..Registers::new()

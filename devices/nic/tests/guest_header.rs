@@ -36,6 +36,8 @@ fn rust_defines() -> BTreeMap<String, u64> {
         ("NIC_STATUS_RX_ENABLED", STATUS_RX_ENABLED.into()),
         ("NIC_STATUS_BUS_MASTER", STATUS_BUS_MASTER.into()),
         ("NIC_STATUS_HALTED", STATUS_HALTED.into()),
+        ("NIC_STATUS_TX_BUSY", STATUS_TX_BUSY.into()),
+        ("NIC_STATUS_RX_BUSY", STATUS_RX_BUSY.into()),
         ("NIC_CTRL_TX_ENABLE", CTRL_TX_ENABLE.into()),
         ("NIC_CTRL_RX_ENABLE", CTRL_RX_ENABLE.into()),
         ("NIC_INT_TX", INT_TX.into()),
