@@ -67,6 +67,16 @@ impl Ring {
     }
 }
 
+/// What the RX engine does next.
+enum RxWait {
+    /// Fill the descriptor at this slot (generation, slot).
+    Work(u64, u64),
+    /// RX is disabled: take frames off the wire and drop them.
+    Drain,
+    /// The device is shutting down.
+    Stop,
+}
+
 /// Which ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
@@ -312,6 +322,29 @@ impl Device {
         })
     }
 
+    /// What the RX engine does next: fill the descriptor at a slot, drop
+    /// incoming frames (RX disabled), or stop.
+    fn rx_next(&self) -> RxWait {
+        let mut regs = self.lock();
+        regs.rx.busy = false;
+        loop {
+            if regs.shutdown {
+                return RxWait::Stop;
+            }
+            let bus_master = regs.bus_master;
+            let ring = &mut regs.rx;
+            if ring.runnable(bus_master) {
+                ring.busy = true;
+                return RxWait::Work(ring.generation, ring.slot());
+            }
+            if !ring.enabled {
+                return RxWait::Drain;
+            }
+            // Enabled with no buffer (or no bus master): hold the wire.
+            regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     fn count_peer(&self, counter: &std::sync::atomic::AtomicU64, addr: u64, len: u64) {
         if self.memory.locate(addr, len) == BusTarget::PeerBar {
             Stats::add(counter, len);
@@ -413,7 +446,29 @@ fn rx_engine(device: &Device) {
     // A frame taken off the wire and not yet in a buffer: it waits for
     // the next descriptor (a bad descriptor consumes none).
     let mut pending: Option<(u64, Frame)> = None;
-    while let Some((generation, slot)) = device.next_descriptor(Dir::Rx) {
+    loop {
+        let (generation, slot) = match device.rx_next() {
+            RxWait::Stop => return,
+            RxWait::Drain => {
+                // RX is off: frames arriving now are dropped, as a NIC
+                // with its receiver disabled does.
+                if pending.take().is_some() {
+                    Stats::add(&device.stats.rx_discarded, 1);
+                }
+                if let Some(frame) = device.wire.recv_timeout(RX_POLL) {
+                    // RX may have been enabled while this waited: then the
+                    // frame is the new ring's.
+                    let regs = device.lock();
+                    if regs.rx.enabled {
+                        pending = Some((regs.rx.generation, frame));
+                    } else {
+                        Stats::add(&device.stats.rx_discarded, 1);
+                    }
+                }
+                continue;
+            }
+            RxWait::Work(generation, slot) => (generation, slot),
+        };
         if pending.as_ref().is_some_and(|(g, _)| *g != generation) {
             pending = None;
             Stats::add(&device.stats.rx_discarded, 1);
@@ -424,21 +479,16 @@ fn rx_engine(device: &Device) {
                 None => continue,
             }
         }
+        let work = Work {
+            dir: Dir::Rx,
+            generation,
+            slot,
+        };
         let desc = match device.fetch(Dir::Rx, generation, slot) {
             Ok(desc) => desc,
             Err(None) => continue,
             Err(Some((irq, status))) => {
-                device.complete(
-                    Work {
-                        dir: Dir::Rx,
-                        generation,
-                        slot,
-                    },
-                    irq,
-                    status,
-                    0,
-                    false,
-                );
+                device.complete(work, irq, status, 0, false);
                 continue;
             }
         };
@@ -449,17 +499,7 @@ fn rx_engine(device: &Device) {
         if let Err(e) = device.memory.write(desc.addr, &frame.payload[..len]) {
             tracing::debug!(error = %e, "RX buffer write failed");
             Stats::add(&device.stats.dma_errors, 1);
-            device.complete(
-                Work {
-                    dir: Dir::Rx,
-                    generation,
-                    slot,
-                },
-                desc.wants_irq(),
-                Status::DmaError,
-                0,
-                false,
-            );
+            device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
             continue;
         }
         device.count_peer(&device.stats.rx_peer_bar_bytes, desc.addr, len as u64);
@@ -474,17 +514,7 @@ fn rx_engine(device: &Device) {
         };
         Stats::add(&device.stats.rx_packets, 1);
         Stats::add(&device.stats.rx_bytes, len as u64);
-        device.complete(
-            Work {
-                dir: Dir::Rx,
-                generation,
-                slot,
-            },
-            desc.wants_irq(),
-            status,
-            len as u32,
-            false,
-        );
+        device.complete(work, desc.wants_irq(), status, len as u32, false);
     }
 }
 

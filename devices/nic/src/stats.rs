@@ -62,8 +62,8 @@ counters! {
     rx_fcs_errors,
     /// Frames longer than the RX buffer they landed in.
     rx_truncated,
-    /// Frames received and then discarded because the RX ring was reset
-    /// or disabled before a buffer took them.
+    /// Frames dropped because the receiver was disabled (or was reset
+    /// before a buffer took them).
     rx_discarded,
     /// Frames the wire dropped by injection (`drop`).
     wire_drops,
