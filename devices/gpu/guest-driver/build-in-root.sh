@@ -1,5 +1,5 @@
 #!/bin/sh
-# Builds p2plab_gpu.ko and p2plab-gpu-tool with the guest root's compiler
+# Builds p2plab_gpu.ko, its test importer p2plab_p2p_test.ko and p2plab-gpu-tool with the guest root's compiler
 # against its kernel headers, without leaving anything mounted:
 #   build-in-root.sh GUEST_ROOT KERNEL_VERSION OUT_DIR
 # e.g. build-in-root.sh .cache/guest/root "$(cat .cache/guest/kernel-version)" .cache/gpu-build
@@ -29,5 +29,5 @@ unshare --mount --propagation private sh -eu -c '
 	mount -t proc proc "$2/proc"	# objtool reads /proc
 	chroot "$2" sh -eu -c "make -s -C $4 M=$3 KCFLAGS=-Werror modules && make -s -C $3/tool"
 ' build "$out/src" "$root" "$inner" "$kdir"
-cp "$out/src/p2plab_gpu.ko" "$out/src/tool/p2plab-gpu-tool" "$out/"
-echo "built $out/p2plab_gpu.ko and $out/p2plab-gpu-tool"
+cp "$out/src/p2plab_gpu.ko" "$out/src/p2plab_p2p_test.ko" "$out/src/tool/p2plab-gpu-tool" "$out/"
+echo "built $out/p2plab_gpu.ko, $out/p2plab_p2p_test.ko and $out/p2plab-gpu-tool"

@@ -9,6 +9,9 @@
  *   the record, advances REG_FENCE and raises an interrupt.
  * - /dev/p2plab-gpuN: ioctls (p2plab_gpu_uapi.h) to query the device and
  *   to run copy/fill/checksum jobs synchronously, and mmap of VRAM.
+ * - VRAM allocations (carved from the published p2pmem), exported to other
+ *   kernel modules through the peer-memory API of p2plab_p2p.h and to
+ *   dma-buf importers; freeing, closing, reset and unbind revoke them.
  *
  * Lifetime: the char device's struct device owns the driver state, so open
  * files keep it alive after the PCI device is unbound; from then on every
@@ -17,7 +20,10 @@
 
 #include <linux/capability.h>
 #include <linux/cdev.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-buf-mapping.h>
 #include <linux/dma-mapping.h>
+#include <linux/dma-resv.h>
 #include <linux/dmapool.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
@@ -25,6 +31,7 @@
 #include <linux/io.h>
 #include <linux/io-64-nonatomic-lo-hi.h>
 #include <linux/iopoll.h>
+#include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/minmax.h>
 #include <linux/mm.h>
@@ -33,7 +40,9 @@
 #include <linux/pci.h>
 #include <linux/pci-p2pdma.h>
 #include <linux/rwsem.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
+#include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/sysfs.h>
@@ -42,6 +51,7 @@
 
 #include "p2plab_gpu_hw.h"
 #include "p2plab_gpu_uapi.h"
+#include "p2plab_p2p.h"
 
 #define DRV_NAME		"p2plab_gpu"
 #define P2PLAB_GPU_MINORS	64
@@ -126,6 +136,19 @@ struct p2plab_gpu {
 	bool unmapped;			/* under map_lock */
 	struct mutex files_lock;
 	struct list_head files;
+
+	/*
+	 * VRAM allocations (struct gpu_alloc) with their peer-memory pins and
+	 * dma-bufs. Never held while a free callback runs; taken before a
+	 * dma-buf's reservation lock.
+	 */
+	struct mutex alloc_lock;
+	struct list_head allocs;
+	u32 next_handle;
+	bool allocs_closed;		/* remove started: no new allocations */
+	struct p2pdma_provider *provider;	/* BAR2 for dma-buf mappings */
+	atomic_t p2p_revocations;	/* free callbacks run */
+	atomic_t dmabuf_revocations;	/* dma-bufs invalidated by a revoke */
 
 	/* Recovery counters, in sysfs. */
 	atomic_t engine_resets;		/* hung engine stopped and restarted */
@@ -614,6 +637,697 @@ static long ioctl_info(struct p2plab_gpu *gpu, struct p2plab_gpu_info __user *ui
 	return copy_to_user(uinfo, &info, sizeof(info)) ? -EFAULT : 0;
 }
 
+/* ---- VRAM allocations, the peer-memory API and dma-buf export ---- */
+
+MODULE_IMPORT_NS("DMA_BUF");
+
+static const struct file_operations p2plab_gpu_fops;
+
+/*
+ * A VRAM allocation. The owning file's reference is dropped when it is
+ * freed; pins and dma-bufs hold their own. The VRAM itself goes back to
+ * the p2pmem pool at revocation, after every importer was told.
+ */
+struct gpu_alloc {
+	struct kref ref;
+	struct list_head node;		/* gpu->allocs while owned, under alloc_lock */
+	struct p2plab_gpu *gpu;		/* holds a reference on gpu->dev */
+	struct gpu_file *owner;		/* NULL once freed by its owner */
+	u32 handle;
+	u64 offset;			/* in VRAM */
+	u64 size;
+	void *p2p_va;			/* from pci_alloc_p2pmem; NULL once revoked */
+	bool revoked;			/* under alloc_lock */
+	struct list_head pins;		/* struct gpu_pin, under alloc_lock */
+	struct list_head dmabufs;	/* struct gpu_dmabuf, under alloc_lock */
+};
+
+/* One p2plab_p2p_get_pages() result; the page table is its first member. */
+struct gpu_pin {
+	struct p2plab_p2p_page_table pt;
+	struct list_head node;		/* alloc->pins until put or revoked */
+	struct gpu_alloc *alloc;	/* reference */
+	void (*free_callback)(void *data);
+	void *data;
+	bool revoked;			/* under alloc_lock */
+	unsigned int mappings;		/* under alloc_lock */
+};
+
+struct gpu_p2p_map {
+	struct p2plab_p2p_dma_mapping map;
+	struct sg_table sgt;
+};
+
+struct gpu_dmabuf {
+	struct dma_buf *dmabuf;
+	struct gpu_alloc *alloc;	/* reference */
+	struct list_head node;		/* alloc->dmabufs, under alloc_lock */
+	struct phys_vec range;
+	struct p2pdma_provider *provider;
+	bool revoked;			/* under the dma-buf's reservation lock */
+};
+
+static void alloc_release(struct kref *ref)
+{
+	struct gpu_alloc *a = container_of(ref, struct gpu_alloc, ref);
+
+	WARN_ON(a->p2p_va);
+	put_device(&a->gpu->dev);
+	kfree(a);
+}
+
+static void alloc_put(struct gpu_alloc *a)
+{
+	kref_put(&a->ref, alloc_release);
+}
+
+/*
+ * Takes @a out of service: every pinned page table gets its free callback,
+ * every dma-buf is invalidated, user mappings of the range are zapped, and
+ * only then does the VRAM go back to the pool. Idempotent; sleeps.
+ */
+static void alloc_revoke(struct gpu_alloc *a)
+{
+	struct p2plab_gpu *gpu = a->gpu;
+	struct gpu_pin *pin, *tmp;
+	struct gpu_dmabuf *db;
+	struct gpu_file *gf;
+	LIST_HEAD(pins);
+	void *va;
+
+	mutex_lock(&gpu->alloc_lock);
+	if (a->revoked) {
+		mutex_unlock(&gpu->alloc_lock);
+		return;
+	}
+	a->revoked = true;
+	list_splice_init(&a->pins, &pins);
+	list_for_each_entry(pin, &pins, node)
+		pin->revoked = true;
+	list_for_each_entry(db, &a->dmabufs, node) {
+		/* A dma-buf being released has no importers left to tell. */
+		if (!get_file_active(&db->dmabuf->file))
+			continue;
+		dma_resv_lock(db->dmabuf->resv, NULL);
+		db->revoked = true;
+		dma_buf_invalidate_mappings(db->dmabuf);
+		dma_resv_unlock(db->dmabuf->resv);
+		atomic_inc(&gpu->dmabuf_revocations);
+		fput(db->dmabuf->file);
+	}
+	va = a->p2p_va;
+	a->p2p_va = NULL;
+	mutex_unlock(&gpu->alloc_lock);
+
+	/* No lock held: the callbacks may sleep and call back into us. */
+	list_for_each_entry_safe(pin, tmp, &pins, node) {
+		list_del_init(&pin->node);
+		atomic_inc(&gpu->p2p_revocations);
+		/* The callback frees the page table (and pin) itself. */
+		pin->free_callback(pin->data);
+	}
+
+	mutex_lock(&gpu->files_lock);
+	list_for_each_entry(gf, &gpu->files, node)
+		unmap_mapping_range(gf->filp->f_mapping, a->offset, a->size, 1);
+	mutex_unlock(&gpu->files_lock);
+
+	if (va)
+		pci_free_p2pmem(gpu->pdev, va, a->size);
+}
+
+/* Revokes every allocation (reset, unbind); owners keep their handles. */
+static void revoke_all_allocs(struct p2plab_gpu *gpu)
+{
+	struct gpu_alloc *a;
+
+	for (;;) {
+		struct gpu_alloc *found = NULL;
+
+		mutex_lock(&gpu->alloc_lock);
+		list_for_each_entry(a, &gpu->allocs, node) {
+			if (!a->revoked) {
+				kref_get(&a->ref);
+				found = a;
+				break;
+			}
+		}
+		mutex_unlock(&gpu->alloc_lock);
+		if (!found)
+			return;
+		alloc_revoke(found);
+		alloc_put(found);
+	}
+}
+
+static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uarg)
+{
+	struct p2plab_gpu *gpu = gf->gpu;
+	struct p2plab_gpu_alloc arg;
+	struct gpu_alloc *a;
+	u64 size;
+	int ret;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (!arg.size || arg.size > gpu->vram_size || arg.pad)
+		return -EINVAL;
+	size = PAGE_ALIGN(arg.size);
+	if (!gpu->p2pmem || !gpu->provider)
+		return -ENODEV;
+
+	a = kzalloc(sizeof(*a), GFP_KERNEL);
+	if (!a)
+		return -ENOMEM;
+	kref_init(&a->ref);
+	INIT_LIST_HEAD(&a->pins);
+	INIT_LIST_HEAD(&a->dmabufs);
+	a->gpu = gpu;
+	get_device(&gpu->dev);
+	a->size = size;
+
+	mutex_lock(&gpu->alloc_lock);
+	if (gpu->allocs_closed || READ_ONCE(gpu->resetting)) {
+		ret = -ENODEV;
+		goto err_unlock;
+	}
+	a->p2p_va = pci_alloc_p2pmem(gpu->pdev, size);
+	if (!a->p2p_va) {
+		ret = -ENOMEM;
+		goto err_unlock;
+	}
+	a->offset = pci_p2pmem_virt_to_bus(gpu->pdev, a->p2p_va) - gpu->vram_bus;
+	a->owner = gf;
+	a->handle = ++gpu->next_handle ?: ++gpu->next_handle;
+	list_add_tail(&a->node, &gpu->allocs);
+	arg.size = size;
+	arg.vram_offset = a->offset;
+	arg.handle = a->handle;
+	mutex_unlock(&gpu->alloc_lock);
+
+	if (copy_to_user(uarg, &arg, sizeof(arg))) {
+		/* Nobody saw the handle: undo. */
+		mutex_lock(&gpu->alloc_lock);
+		list_del(&a->node);
+		a->owner = NULL;
+		mutex_unlock(&gpu->alloc_lock);
+		alloc_revoke(a);
+		alloc_put(a);
+		return -EFAULT;
+	}
+	return 0;
+
+err_unlock:
+	mutex_unlock(&gpu->alloc_lock);
+	alloc_put(a);
+	return ret;
+}
+
+/* The owner's allocation @handle, with a reference; NULL if none. */
+static struct gpu_alloc *alloc_find(struct gpu_file *gf, u32 handle, bool unlink)
+{
+	struct p2plab_gpu *gpu = gf->gpu;
+	struct gpu_alloc *a, *found = NULL;
+
+	mutex_lock(&gpu->alloc_lock);
+	list_for_each_entry(a, &gpu->allocs, node) {
+		if (a->owner == gf && a->handle == handle) {
+			found = a;
+			if (unlink) {
+				/* The owner's reference moves to the caller. */
+				list_del(&a->node);
+				a->owner = NULL;
+			} else {
+				kref_get(&a->ref);
+			}
+			break;
+		}
+	}
+	mutex_unlock(&gpu->alloc_lock);
+	return found;
+}
+
+static long ioctl_free(struct gpu_file *gf, u32 __user *uhandle)
+{
+	struct gpu_alloc *a;
+	u32 handle;
+
+	if (get_user(handle, uhandle))
+		return -EFAULT;
+	a = alloc_find(gf, handle, true);
+	if (!a)
+		return -ENOENT;
+	alloc_revoke(a);
+	alloc_put(a);
+	return 0;
+}
+
+/* At the last close of a file: free what it still owns. */
+static void free_file_allocs(struct gpu_file *gf)
+{
+	struct p2plab_gpu *gpu = gf->gpu;
+
+	for (;;) {
+		struct gpu_alloc *a, *found = NULL;
+
+		mutex_lock(&gpu->alloc_lock);
+		list_for_each_entry(a, &gpu->allocs, node) {
+			if (a->owner == gf) {
+				list_del(&a->node);
+				a->owner = NULL;
+				found = a;
+				break;
+			}
+		}
+		mutex_unlock(&gpu->alloc_lock);
+		if (!found)
+			return;
+		alloc_revoke(found);
+		alloc_put(found);
+	}
+}
+
+/* -- peer-memory API (p2plab_p2p.h) -- */
+
+int p2plab_p2p_get_pages(u64 user_va, u64 len, struct p2plab_p2p_page_table **page_table,
+			 void (*free_callback)(void *data), void *data)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	struct p2plab_gpu *gpu = NULL;
+	struct gpu_alloc *a, *alloc = NULL;
+	struct file *file = NULL;
+	struct gpu_pin *pin;
+	u64 offset = 0, entries, i;
+	int ret;
+
+	might_sleep();
+	if (!page_table || !free_callback || !len || !PAGE_ALIGNED(user_va) ||
+	    !PAGE_ALIGNED(len) || user_va + len < user_va)
+		return -EINVAL;
+	entries = len >> PAGE_SHIFT;
+	if (entries > U32_MAX || !mm)
+		return -EINVAL;
+
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, user_va);
+	if (vma && vma->vm_file && vma->vm_file->f_op == &p2plab_gpu_fops &&
+	    user_va + len <= vma->vm_end) {
+		file = get_file(vma->vm_file);
+		offset = ((u64)vma->vm_pgoff << PAGE_SHIFT) + (user_va - vma->vm_start);
+	}
+	mmap_read_unlock(mm);
+	if (!file)
+		return -EFAULT;
+	gpu = ((struct gpu_file *)file->private_data)->gpu;
+
+	pin = kzalloc(sizeof(*pin), GFP_KERNEL);
+	if (!pin) {
+		ret = -ENOMEM;
+		goto out_file;
+	}
+	pin->pt.phys = kvmalloc_array(entries, sizeof(u64), GFP_KERNEL);
+	if (!pin->pt.phys) {
+		ret = -ENOMEM;
+		goto err_pin;
+	}
+
+	mutex_lock(&gpu->alloc_lock);
+	if (gpu->allocs_closed || READ_ONCE(gpu->resetting)) {
+		ret = -ENODEV;
+		goto err_unlock;
+	}
+	list_for_each_entry(a, &gpu->allocs, node) {
+		if (!a->revoked && offset >= a->offset && offset + len <= a->offset + a->size) {
+			alloc = a;
+			break;
+		}
+	}
+	if (!alloc) {
+		ret = -EFAULT;
+		goto err_unlock;
+	}
+	kref_get(&alloc->ref);
+	pin->alloc = alloc;
+	pin->free_callback = free_callback;
+	pin->data = data;
+	pin->pt.version = P2PLAB_P2P_PAGE_TABLE_VERSION;
+	pin->pt.page_size = P2PLAB_P2P_PAGE_SIZE;
+	pin->pt.entries = entries;
+	pin->pt.vram_offset = offset;
+	pin->pt.gpu = gpu->pdev;
+	pin->pt.priv = pin;
+	for (i = 0; i < entries; i++)
+		pin->pt.phys[i] = gpu->vram_phys + offset + (i << PAGE_SHIFT);
+	list_add_tail(&pin->node, &alloc->pins);
+	mutex_unlock(&gpu->alloc_lock);
+
+	*page_table = &pin->pt;
+	ret = 0;
+	goto out_file;
+
+err_unlock:
+	mutex_unlock(&gpu->alloc_lock);
+	kvfree(pin->pt.phys);
+err_pin:
+	kfree(pin);
+out_file:
+	fput(file);
+	return ret;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_get_pages);
+
+static struct gpu_pin *pt_pin(struct p2plab_p2p_page_table *pt)
+{
+	return pt && pt->version == P2PLAB_P2P_PAGE_TABLE_VERSION ? pt->priv : NULL;
+}
+
+/*
+ * DMA-maps the pinned pages for @peer the way the kernel maps P2PDMA pages
+ * for any driver (dma_map_sgtable on ZONE_DEVICE p2p pages): bus addresses
+ * behind a common switch, a regular mapping through an allowed host
+ * bridge, -EREMOTEIO otherwise. The distance check before it puts the
+ * kernel's reason for a refusal in dmesg.
+ */
+int p2plab_p2p_dma_map_pages(struct pci_dev *peer, struct p2plab_p2p_page_table *page_table,
+			     struct p2plab_p2p_dma_mapping **dma_mapping)
+{
+	struct gpu_pin *pin = pt_pin(page_table);
+	struct device *client;
+	struct scatterlist *sg;
+	struct p2plab_gpu *gpu;
+	struct gpu_p2p_map *m;
+	struct page **pages;
+	u32 i, n;
+	int ret;
+
+	might_sleep();
+	if (!pin || !peer || !dma_mapping)
+		return -EINVAL;
+	gpu = pin->alloc->gpu;
+	client = &peer->dev;
+	if (pci_p2pdma_distance_many(gpu->pdev, &client, 1, true) < 0)
+		return -EINVAL;
+
+	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return -ENOMEM;
+	m->map.dma_addresses = kvmalloc_array(page_table->entries, sizeof(dma_addr_t),
+					      GFP_KERNEL);
+	pages = kvmalloc_array(page_table->entries, sizeof(*pages), GFP_KERNEL);
+	if (!m->map.dma_addresses || !pages) {
+		ret = -ENOMEM;
+		goto err_free;
+	}
+
+	mutex_lock(&gpu->alloc_lock);
+	if (pin->revoked) {
+		mutex_unlock(&gpu->alloc_lock);
+		ret = -ENODEV;
+		goto err_free;
+	}
+	/* The allocation's p2pmem pages; they stay until revocation. */
+	for (i = 0; i < page_table->entries; i++)
+		pages[i] = virt_to_page(pin->alloc->p2p_va +
+					(page_table->vram_offset - pin->alloc->offset) +
+					((u64)i << PAGE_SHIFT));
+	pin->mappings++;
+	mutex_unlock(&gpu->alloc_lock);
+
+	ret = sg_alloc_table_from_pages(&m->sgt, pages, page_table->entries, 0,
+					(u64)page_table->entries << PAGE_SHIFT, GFP_KERNEL);
+	if (ret)
+		goto err_count;
+	ret = dma_map_sgtable(&peer->dev, &m->sgt, DMA_BIDIRECTIONAL, DMA_ATTR_SKIP_CPU_SYNC);
+	if (ret) {
+		dev_warn(&peer->dev, "p2plab_gpu %s: DMA mapping of VRAM refused: %d\n",
+			 pci_name(gpu->pdev), ret);
+		ret = -EINVAL;
+		goto err_sgt;
+	}
+	m->map.map_type = PCI_P2PDMA_MAP_THRU_HOST_BRIDGE;
+	n = 0;
+	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
+		dma_addr_t addr = sg_dma_address(sg);
+		unsigned int left = sg_dma_len(sg);
+
+		if (sg_dma_is_bus_address(sg))
+			m->map.map_type = PCI_P2PDMA_MAP_BUS_ADDR;
+		for (; left && n < page_table->entries; left -= min(left, PAGE_SIZE)) {
+			m->map.dma_addresses[n++] = addr;
+			addr += PAGE_SIZE;
+		}
+	}
+	if (WARN_ON_ONCE(n != page_table->entries)) {
+		ret = -EIO;
+		goto err_unmap;
+	}
+	kvfree(pages);
+	m->map.version = P2PLAB_P2P_DMA_MAPPING_VERSION;
+	m->map.entries = page_table->entries;
+	m->map.page_size = P2PLAB_P2P_PAGE_SIZE;
+	m->map.peer = pci_dev_get(peer);
+	m->map.pt = page_table;
+	m->map.priv = m;
+	*dma_mapping = &m->map;
+	return 0;
+
+err_unmap:
+	dma_unmap_sgtable(&peer->dev, &m->sgt, DMA_BIDIRECTIONAL, DMA_ATTR_SKIP_CPU_SYNC);
+err_sgt:
+	sg_free_table(&m->sgt);
+err_count:
+	mutex_lock(&gpu->alloc_lock);
+	pin->mappings--;
+	mutex_unlock(&gpu->alloc_lock);
+err_free:
+	kvfree(pages);
+	kvfree(m->map.dma_addresses);
+	kfree(m);
+	return ret;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_dma_map_pages);
+
+static void p2p_map_free(struct gpu_p2p_map *m)
+{
+	struct gpu_pin *pin = pt_pin(m->map.pt);
+	struct p2plab_gpu *gpu = pin->alloc->gpu;
+
+	dma_unmap_sgtable(&m->map.peer->dev, &m->sgt, DMA_BIDIRECTIONAL,
+			  DMA_ATTR_SKIP_CPU_SYNC);
+	sg_free_table(&m->sgt);
+	mutex_lock(&gpu->alloc_lock);
+	pin->mappings--;
+	mutex_unlock(&gpu->alloc_lock);
+	pci_dev_put(m->map.peer);
+	kvfree(m->map.dma_addresses);
+	kfree(m);
+}
+
+static struct gpu_p2p_map *map_of(struct p2plab_p2p_dma_mapping *map)
+{
+	return map && map->version == P2PLAB_P2P_DMA_MAPPING_VERSION ? map->priv : NULL;
+}
+
+int p2plab_p2p_dma_unmap_pages(struct pci_dev *peer, struct p2plab_p2p_page_table *page_table,
+			       struct p2plab_p2p_dma_mapping *dma_mapping)
+{
+	struct gpu_p2p_map *m = map_of(dma_mapping);
+
+	might_sleep();
+	if (!m || !pt_pin(page_table) || dma_mapping->pt != page_table || dma_mapping->peer != peer)
+		return -EINVAL;
+	p2p_map_free(m);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_dma_unmap_pages);
+
+int p2plab_p2p_free_dma_mapping(struct p2plab_p2p_dma_mapping *dma_mapping)
+{
+	struct gpu_p2p_map *m = map_of(dma_mapping);
+
+	might_sleep();
+	if (!m)
+		return -EINVAL;
+	p2p_map_free(m);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_free_dma_mapping);
+
+static void pin_free(struct gpu_pin *pin)
+{
+	struct gpu_alloc *a = pin->alloc;
+
+	pin->pt.version = 0;	/* a stale pointer fails the version check */
+	kvfree(pin->pt.phys);
+	kfree(pin);
+	alloc_put(a);
+}
+
+int p2plab_p2p_put_pages(struct p2plab_p2p_page_table *page_table)
+{
+	struct gpu_pin *pin = pt_pin(page_table);
+	struct p2plab_gpu *gpu;
+
+	might_sleep();
+	if (!pin)
+		return -EINVAL;
+	gpu = pin->alloc->gpu;
+	mutex_lock(&gpu->alloc_lock);
+	if (pin->revoked) {
+		/* The free callback owns the table now. */
+		mutex_unlock(&gpu->alloc_lock);
+		return -ENOENT;
+	}
+	if (pin->mappings) {
+		mutex_unlock(&gpu->alloc_lock);
+		return -EBUSY;
+	}
+	list_del(&pin->node);
+	mutex_unlock(&gpu->alloc_lock);
+	pin_free(pin);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_put_pages);
+
+int p2plab_p2p_free_page_table(struct p2plab_p2p_page_table *page_table)
+{
+	struct gpu_pin *pin = pt_pin(page_table);
+	struct p2plab_gpu *gpu;
+	bool ok;
+
+	might_sleep();
+	if (!pin)
+		return -EINVAL;
+	gpu = pin->alloc->gpu;
+	mutex_lock(&gpu->alloc_lock);
+	ok = pin->revoked && !pin->mappings;
+	mutex_unlock(&gpu->alloc_lock);
+	if (!ok) {
+		/* Not from a callback, or mappings left: leaking beats a use after free. */
+		pr_warn_ratelimited(DRV_NAME ": free_page_table %s\n",
+				    pin->revoked ? "with DMA mappings left" : "outside the free callback");
+		return pin->revoked ? -EBUSY : -EINVAL;
+	}
+	pin_free(pin);
+	return 0;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_free_page_table);
+
+/* -- dma-buf exporter -- */
+
+static int gpu_dmabuf_attach(struct dma_buf *dmabuf, struct dma_buf_attachment *attach)
+{
+	struct gpu_dmabuf *db = dmabuf->priv;
+
+	/* VRAM has no struct pages for the importer and cannot move to RAM. */
+	if (!attach->peer2peer)
+		return -EOPNOTSUPP;
+	/* The kernel's verdict, with its reason in dmesg on refusal. */
+	if (pci_p2pdma_distance(db->alloc->gpu->pdev, attach->dev, true) < 0)
+		return -EOPNOTSUPP;
+	return 0;
+}
+
+static struct sg_table *gpu_dmabuf_map(struct dma_buf_attachment *attach,
+				       enum dma_data_direction dir)
+{
+	struct gpu_dmabuf *db = attach->dmabuf->priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	if (db->revoked)
+		return ERR_PTR(-ENODEV);
+	return dma_buf_phys_vec_to_sgt(attach, db->provider, &db->range, 1, db->range.len, dir);
+}
+
+static void gpu_dmabuf_unmap(struct dma_buf_attachment *attach, struct sg_table *sgt,
+			     enum dma_data_direction dir)
+{
+	dma_buf_free_sgt(attach, sgt, dir);
+}
+
+static void gpu_dmabuf_release(struct dma_buf *dmabuf)
+{
+	struct gpu_dmabuf *db = dmabuf->priv;
+	struct p2plab_gpu *gpu = db->alloc->gpu;
+
+	mutex_lock(&gpu->alloc_lock);
+	list_del_init(&db->node);
+	mutex_unlock(&gpu->alloc_lock);
+	alloc_put(db->alloc);
+	kfree(db);
+}
+
+static const struct dma_buf_ops gpu_dmabuf_ops = {
+	.attach = gpu_dmabuf_attach,
+	.map_dma_buf = gpu_dmabuf_map,
+	.unmap_dma_buf = gpu_dmabuf_unmap,
+	.release = gpu_dmabuf_release,
+};
+
+static long ioctl_export_dmabuf(struct gpu_file *gf, struct p2plab_gpu_export_dmabuf __user *uarg)
+{
+	struct p2plab_gpu *gpu = gf->gpu;
+	DEFINE_DMA_BUF_EXPORT_INFO(exp_info);
+	struct p2plab_gpu_export_dmabuf arg;
+	struct dma_buf *dmabuf;
+	struct gpu_dmabuf *db;
+	struct gpu_alloc *a;
+	int fd;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags & ~(O_CLOEXEC | O_ACCMODE) || arg.pad)
+		return -EINVAL;
+	a = alloc_find(gf, arg.handle, false);
+	if (!a)
+		return -ENOENT;
+	db = kzalloc(sizeof(*db), GFP_KERNEL);
+	if (!db) {
+		alloc_put(a);
+		return -ENOMEM;
+	}
+	INIT_LIST_HEAD(&db->node);
+	db->alloc = a;		/* takes over the reference */
+	db->provider = gpu->provider;
+	db->range.paddr = gpu->vram_phys + a->offset;
+	db->range.len = a->size;
+
+	exp_info.ops = &gpu_dmabuf_ops;
+	exp_info.size = a->size;
+	exp_info.flags = arg.flags;
+	exp_info.priv = db;
+	dmabuf = dma_buf_export(&exp_info);
+	if (IS_ERR(dmabuf)) {
+		alloc_put(a);
+		kfree(db);
+		return PTR_ERR(dmabuf);
+	}
+	db->dmabuf = dmabuf;
+	/* From here on dma_buf_put() frees db. */
+	mutex_lock(&gpu->alloc_lock);
+	dma_resv_lock(dmabuf->resv, NULL);
+	db->revoked = a->revoked;
+	list_add_tail(&db->node, &a->dmabufs);
+	dma_resv_unlock(dmabuf->resv);
+	mutex_unlock(&gpu->alloc_lock);
+	if (db->revoked) {
+		dma_buf_put(dmabuf);
+		return -ENODEV;
+	}
+
+	fd = dma_buf_fd(dmabuf, arg.flags);
+	if (fd < 0) {
+		dma_buf_put(dmabuf);
+		return fd;
+	}
+	arg.fd = fd;
+	if (copy_to_user(uarg, &arg, sizeof(arg)))
+		/* The fd is installed; the caller's close(2) releases it. */
+		return -EFAULT;
+	return 0;
+}
+
 static long p2plab_gpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 {
 	struct gpu_file *gf = filp->private_data;
@@ -623,6 +1337,12 @@ static long p2plab_gpu_ioctl(struct file *filp, unsigned int cmd, unsigned long 
 		return ioctl_info(gf->gpu, (void __user *)arg);
 	case P2PLAB_GPU_IOC_SUBMIT:
 		return ioctl_submit(gf->gpu, (void __user *)arg);
+	case P2PLAB_GPU_IOC_ALLOC:
+		return ioctl_alloc(gf, (void __user *)arg);
+	case P2PLAB_GPU_IOC_FREE:
+		return ioctl_free(gf, (void __user *)arg);
+	case P2PLAB_GPU_IOC_EXPORT_DMABUF:
+		return ioctl_export_dmabuf(gf, (void __user *)arg);
 	default:
 		return -ENOTTY;
 	}
@@ -673,6 +1393,7 @@ static int p2plab_gpu_release(struct inode *inode, struct file *filp)
 	struct gpu_file *gf = filp->private_data;
 	struct p2plab_gpu *gpu = gf->gpu;
 
+	free_file_allocs(gf);
 	mutex_lock(&gpu->files_lock);
 	list_del(&gf->node);
 	mutex_unlock(&gpu->files_lock);
@@ -708,6 +1429,25 @@ static ssize_t irq_recoveries_show(struct device *dev, struct device_attribute *
 }
 static DEVICE_ATTR_RO(irq_recoveries);
 
+/* Peer-memory free callbacks run, and dma-bufs invalidated, by revocations. */
+static ssize_t p2p_revocations_show(struct device *dev, struct device_attribute *attr,
+				    char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->p2p_revocations));
+}
+static DEVICE_ATTR_RO(p2p_revocations);
+
+static ssize_t dmabuf_revocations_show(struct device *dev, struct device_attribute *attr,
+				       char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->dmabuf_revocations));
+}
+static DEVICE_ATTR_RO(dmabuf_revocations);
+
 /* REG_VRAM_ERR_COUNT, or -ENODEV once the device is gone. */
 static ssize_t vram_errors_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
@@ -740,6 +1480,8 @@ static DEVICE_ATTR_RO(vram_error_addr);
 static struct attribute *p2plab_gpu_attrs[] = {
 	&dev_attr_engine_resets.attr,
 	&dev_attr_irq_recoveries.attr,
+	&dev_attr_p2p_revocations.attr,
+	&dev_attr_dmabuf_revocations.attr,
 	&dev_attr_vram_errors.attr,
 	&dev_attr_vram_error_addr.attr,
 	NULL,
@@ -812,6 +1554,8 @@ static void publish_p2pmem(struct p2plab_gpu *gpu)
 	}
 	pci_p2pmem_publish(pdev, true);
 	gpu->p2pmem = true;
+	/* What dma-buf mappings translate BAR2 addresses with. */
+	gpu->provider = pcim_p2pdma_provider(pdev, P2PLAB_GPU_VRAM_BAR);
 }
 
 static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
@@ -854,6 +1598,8 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	mutex_init(&gpu->submit_lock);
 	mutex_init(&gpu->map_lock);
 	mutex_init(&gpu->files_lock);
+	mutex_init(&gpu->alloc_lock);
+	INIT_LIST_HEAD(&gpu->allocs);
 	spin_lock_init(&gpu->zombie_lock);
 	INIT_LIST_HEAD(&gpu->zombies);
 	INIT_LIST_HEAD(&gpu->files);
@@ -977,6 +1723,15 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 	WRITE_ONCE(gpu->removing, true);
 	wake_up_all(&gpu->wq);
 
+	/*
+	 * Importers stop their DMA (free callbacks, dma-buf invalidation)
+	 * and the VRAM goes back to p2pdma before devres tears it down.
+	 */
+	mutex_lock(&gpu->alloc_lock);
+	gpu->allocs_closed = true;
+	mutex_unlock(&gpu->alloc_lock);
+	revoke_all_allocs(gpu);
+
 	/* Zap VRAM mappings: later accesses get SIGBUS, not a stale BAR. */
 	mutex_lock(&gpu->map_lock);
 	gpu->unmapped = true;
@@ -1022,6 +1777,8 @@ static void p2plab_gpu_reset_prepare(struct pci_dev *pdev)
 
 	WRITE_ONCE(gpu->resetting, true);
 	wake_up_all(&gpu->wq);
+	/* A reset loses VRAM: importers must stop using it first. */
+	revoke_all_allocs(gpu);
 	down_write(&gpu->hw_lock);
 	if (engine_stop(gpu))
 		reap_zombies(gpu, true);

@@ -91,6 +91,41 @@ struct p2plab_gpu_job {
 #define P2PLAB_GPU_IOC_INFO	_IOR(P2PLAB_GPU_IOC_MAGIC, 0x00, struct p2plab_gpu_info)
 #define P2PLAB_GPU_IOC_SUBMIT	_IOWR(P2PLAB_GPU_IOC_MAGIC, 0x01, struct p2plab_gpu_job)
 
+/*
+ * VRAM allocations. ALLOC carves size bytes (rounded up to 4 KiB) out of the
+ * VRAM published as p2pmem and returns its VRAM offset and a handle; mmap
+ * at that offset to reach it. The allocation belongs to the file it was
+ * made on and is freed by FREE or when that file is released (close of the
+ * last reference, process exit). Freeing revokes it: peer-memory pins
+ * (p2plab_p2p.h) get their free callback, dma-bufs exported from it get
+ * move_notify and refuse new mappings. Errors: EINVAL size 0 or too big,
+ * ENOMEM no room, ENODEV no p2pmem or device gone; FREE: ENOENT unknown
+ * handle.
+ */
+struct p2plab_gpu_alloc {
+	__u64 size;		/* in: bytes; out: rounded size */
+	__u64 vram_offset;	/* out */
+	__u32 handle;		/* out, > 0 */
+	__u32 pad;
+};
+
+/*
+ * EXPORT_DMABUF: a dma-buf of a whole allocation, for importers that
+ * support peer-to-peer (dma_buf_attach_ops.allow_peer2peer); non-P2P
+ * importers and peers the kernel's P2P distance check refuses fail to
+ * attach/map. flags: O_CLOEXEC and/or O_RDWR. Returns the fd in fd.
+ */
+struct p2plab_gpu_export_dmabuf {
+	__u32 handle;		/* in */
+	__u32 flags;		/* in: O_CLOEXEC | O_RDWR */
+	__s32 fd;		/* out */
+	__u32 pad;
+};
+
+#define P2PLAB_GPU_IOC_ALLOC		_IOWR(P2PLAB_GPU_IOC_MAGIC, 0x02, struct p2plab_gpu_alloc)
+#define P2PLAB_GPU_IOC_FREE		_IOW(P2PLAB_GPU_IOC_MAGIC, 0x03, __u32)
+#define P2PLAB_GPU_IOC_EXPORT_DMABUF	_IOWR(P2PLAB_GPU_IOC_MAGIC, 0x04, struct p2plab_gpu_export_dmabuf)
+
 /* mmap(2) of /dev/p2plab-gpuN maps VRAM: file offset = VRAM offset. */
 
 #endif /* P2PLAB_GPU_UAPI_H */

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +19,11 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../p2plab_gpu_uapi.h"
+#include "../p2plab_p2p_test_uapi.h"
 
 #define EXIT_DEVICE	1
 #define EXIT_USAGE	2
@@ -52,6 +55,11 @@ static void usage(FILE *out)
 		"  mmap-fill OFF LEN BYTE        fill VRAM with the CPU through mmap\n"
 		"  mmap-checksum OFF LEN         CRC32C of VRAM read by the CPU through mmap\n"
 		"  crc32c FILE [OFF [LEN]]       CRC32C of a file (no device)\n"
+		"  p2p-scenario PEER SIZE ACTION PREFIX\n"
+		"                                peer-memory / dma-buf checks through the\n"
+		"                                p2plab_p2p_test module (PEER: PCI name);\n"
+		"                                ACTION: unpin free exit reset unbind dmabuf;\n"
+		"                                prints PREFIX_KEY=VALUE facts\n"
 		"\n"
 		"Numbers: decimal or 0x hex, with an optional K, M, G or T suffix (binary).\n"
 		"-U sets P2PLAB_GPU_JOB_UNCHECKED; -B sets P2PLAB_GPU_JOB_BUS_ADDR (raw copies:\n"
@@ -419,6 +427,229 @@ static int cmd_crc32c(int argc, char **argv)
 	return 0;
 }
 
+/* ---- peer-memory scenarios (p2plab_p2p_test.ko as the importer) ---- */
+
+static const char *fact_prefix = "P2P";
+
+static void fact(const char *key, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("%s_%s=", fact_prefix, key);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	fflush(stdout);
+}
+
+static int open_test(void)
+{
+	int fd = open("/dev/p2plab-p2p-test", O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		die(EXIT_SYSTEM, "/dev/p2plab-p2p-test: %s (modprobe p2plab_p2p_test)",
+		    strerror(errno));
+	return fd;
+}
+
+static void test_ioctl(int tfd, unsigned long req, void *arg, const char *what)
+{
+	if (ioctl(tfd, req, arg))
+		die(EXIT_SYSTEM, "%s: %s", what, strerror(errno));
+}
+
+static struct p2plab_gpu_alloc scenario_alloc(int fd, uint64_t size)
+{
+	struct p2plab_gpu_alloc a = { .size = size };
+
+	if (ioctl(fd, P2PLAB_GPU_IOC_ALLOC, &a))
+		die(EXIT_SYSTEM, "ALLOC %" PRIu64 ": %s", size, strerror(errno));
+	fact("ALLOC_HANDLE", "%u", a.handle);
+	fact("ALLOC_OFFSET", "0x%" PRIx64, (uint64_t)a.vram_offset);
+	fact("ALLOC_SIZE", "%" PRIu64, (uint64_t)a.size);
+	return a;
+}
+
+/* ALLOC, mmap, PIN: prints the pin's facts, returns its id (0: refused). */
+static uint32_t scenario_pin(int fd, int tfd, const char *peer, uint64_t size,
+			     uint32_t *handle)
+{
+	struct p2plab_gpu_alloc a = scenario_alloc(fd, size);
+	struct p2plab_p2p_test_pin pin = { .len = a.size };
+	void *va;
+
+	va = mmap(NULL, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)a.vram_offset);
+	if (va == MAP_FAILED)
+		die(EXIT_SYSTEM, "mmap of the allocation: %s", strerror(errno));
+	*handle = a.handle;
+	pin.va = (uintptr_t)va;
+	snprintf(pin.peer, sizeof(pin.peer), "%s", peer);
+	test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_PIN, &pin, "PIN");
+	fact("GET_RET", "%d", pin.get_ret);
+	fact("MAP_RET", "%d", pin.map_ret);
+	fact("ENTRIES", "%u", pin.entries);
+	fact("PAGE_SIZE", "%u", pin.page_size);
+	fact("PT_VRAM_OFFSET", "0x%" PRIx64, (uint64_t)pin.vram_offset);
+	fact("PHYS0", "0x%" PRIx64, (uint64_t)pin.phys0);
+	fact("PHYS_CONTIGUOUS", "%u", pin.phys_contiguous);
+	fact("DMA0", "0x%" PRIx64, (uint64_t)pin.dma0);
+	fact("DMA_CONTIGUOUS", "%u", pin.dma_contiguous);
+	fact("MAP_TYPE", "%u", pin.map_type);
+	return pin.id;
+}
+
+static struct p2plab_p2p_test_status scenario_status(int tfd, uint32_t id, bool unpin,
+						     const char *key)
+{
+	struct p2plab_p2p_test_status st = { .id = id };
+	char name[64];
+
+	test_ioctl(tfd, unpin ? P2PLAB_P2P_TEST_IOC_UNPIN : P2PLAB_P2P_TEST_IOC_STATUS, &st,
+		   unpin ? "UNPIN" : "STATUS");
+	snprintf(name, sizeof(name), "%s_CALLBACKS", key);
+	fact(name, "%u", st.callbacks);
+	snprintf(name, sizeof(name), "%s_REVOKED", key);
+	fact(name, "%u", st.revoked);
+	snprintf(name, sizeof(name), "%s_CALLBACK_IN_TASK", key);
+	fact(name, "%u", st.callback_in_task);
+	if (unpin) {
+		snprintf(name, sizeof(name), "%s_PUT_RET", key);
+		fact(name, "%d", st.put_ret);
+	}
+	return st;
+}
+
+static void write_sysfs(const char *path, const char *value)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		die(EXIT_SYSTEM, "%s: %s", path, strerror(errno));
+	n = write(fd, value, strlen(value));
+	if (n != (ssize_t)strlen(value))
+		die(EXIT_SYSTEM, "write %s to %s: %s", value, path,
+		    n < 0 ? strerror(errno) : "short write");
+	close(fd);
+}
+
+static void scenario_dmabuf_attach(int tfd, int dfd, const char *peer, bool p2p,
+				   const char *key, uint32_t *id)
+{
+	struct p2plab_p2p_test_dmabuf at = { .fd = dfd, .p2p = p2p };
+	char name[64];
+
+	snprintf(at.peer, sizeof(at.peer), "%s", peer);
+	test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_ATTACH, &at, "DMABUF_ATTACH");
+	snprintf(name, sizeof(name), "%s_ATTACH_RET", key);
+	fact(name, "%d", at.attach_ret);
+	snprintf(name, sizeof(name), "%s_MAP_RET", key);
+	fact(name, "%d", at.map_ret);
+	snprintf(name, sizeof(name), "%s_NENTS", key);
+	fact(name, "%u", at.nents);
+	snprintf(name, sizeof(name), "%s_DMA0", key);
+	fact(name, "0x%" PRIx64, (uint64_t)at.dma0);
+	snprintf(name, sizeof(name), "%s_DMA_LEN", key);
+	fact(name, "%" PRIu64, (uint64_t)at.dma_len);
+	*id = at.id;
+}
+
+static int cmd_p2p_scenario(const char *peer, uint64_t size, const char *action)
+{
+	int tfd = open_test();
+	struct p2plab_gpu_info info;
+	char path[128];
+	uint32_t id, handle;
+	int fd;
+
+	if (!strcmp(action, "exit")) {
+		/* The child pins and exits holding everything; the parent asks. */
+		int pipefd[2], status;
+		pid_t pid;
+
+		if (pipe(pipefd))
+			die(EXIT_SYSTEM, "pipe: %s", strerror(errno));
+		pid = fork();
+		if (pid < 0)
+			die(EXIT_SYSTEM, "fork: %s", strerror(errno));
+		if (!pid) {
+			id = scenario_pin(open_dev(), tfd, peer, size, &handle);
+			if (write(pipefd[1], &id, sizeof(id)) != sizeof(id))
+				_exit(EXIT_SYSTEM);
+			_exit(0);
+		}
+		close(pipefd[1]);
+		if (read(pipefd[0], &id, sizeof(id)) != sizeof(id))
+			die(EXIT_SYSTEM, "the pinning child failed");
+		if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+			die(EXIT_SYSTEM, "the pinning child failed");
+		if (!id)
+			die(EXIT_SYSTEM, "the child's pin was refused");
+		scenario_status(tfd, id, false, "AFTER");
+		scenario_status(tfd, id, true, "FORGET");
+		return 0;
+	}
+
+	fd = open_dev();
+	if (ioctl(fd, P2PLAB_GPU_IOC_INFO, &info))
+		die(EXIT_SYSTEM, "INFO: %s", strerror(errno));
+	info.pci_name[sizeof(info.pci_name) - 1] = 0;
+
+	if (!strcmp(action, "dmabuf")) {
+		struct p2plab_gpu_alloc a = scenario_alloc(fd, size);
+		struct p2plab_gpu_export_dmabuf ex = { .handle = a.handle,
+						       .flags = O_CLOEXEC | O_RDWR };
+		struct p2plab_p2p_test_dmabuf_status st = { 0 };
+		uint32_t plain_id;
+
+		if (ioctl(fd, P2PLAB_GPU_IOC_EXPORT_DMABUF, &ex))
+			die(EXIT_SYSTEM, "EXPORT_DMABUF: %s", strerror(errno));
+		scenario_dmabuf_attach(tfd, ex.fd, peer, true, "P2P", &id);
+		scenario_dmabuf_attach(tfd, ex.fd, peer, false, "PLAIN", &plain_id);
+		if (plain_id)
+			test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_DETACH, &plain_id, "DETACH");
+		if (!id)
+			return 0;
+		if (ioctl(fd, P2PLAB_GPU_IOC_FREE, &a.handle))
+			die(EXIT_SYSTEM, "FREE: %s", strerror(errno));
+		st.id = id;
+		test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_STATUS, &st, "DMABUF_STATUS");
+		fact("REVOKED_INVALIDATIONS", "%u", st.invalidations);
+		fact("REVOKED_STILL_MAPPED", "%u", st.mapped);
+		fact("REVOKED_REMAP_RET", "%d", st.remap_ret);
+		test_ioctl(tfd, P2PLAB_P2P_TEST_IOC_DMABUF_DETACH, &id, "DETACH");
+		close(ex.fd);
+		return 0;
+	}
+
+	id = scenario_pin(fd, tfd, peer, size, &handle);
+	if (!id)
+		return 0;
+	if (!strcmp(action, "unpin")) {
+		scenario_status(tfd, id, true, "UNPIN");
+		return 0;
+	}
+	if (!strcmp(action, "free")) {
+		if (ioctl(fd, P2PLAB_GPU_IOC_FREE, &handle))
+			die(EXIT_SYSTEM, "FREE: %s", strerror(errno));
+	} else if (!strcmp(action, "reset")) {
+		snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/reset", info.pci_name);
+		write_sysfs(path, "1");
+	} else if (!strcmp(action, "unbind")) {
+		write_sysfs("/sys/bus/pci/drivers/p2plab_gpu/unbind", info.pci_name);
+	} else if (strcmp(action, "free")) {
+		die(EXIT_USAGE, "unknown action '%s'", action);
+	}
+	scenario_status(tfd, id, false, "AFTER");
+	scenario_status(tfd, id, true, "FORGET");
+	if (!strcmp(action, "unbind")) {
+		close(fd);
+		write_sysfs("/sys/bus/pci/drivers/p2plab_gpu/bind", info.pci_name);
+	}
+	return 0;
+}
+
 static void need(int argc, int min, int max)
 {
 	if (argc < min || argc > max) {
@@ -542,6 +773,11 @@ int main(int argc, char **argv)
 		need(argc, 2, 2);
 		return cmd_mmap_checksum(open_dev(), parse_num("OFF", argv[0]),
 					 parse_num("LEN", argv[1]));
+	}
+	if (!strcmp(cmd, "p2p-scenario")) {
+		need(argc, 4, 4);
+		fact_prefix = argv[3];
+		return cmd_p2p_scenario(argv[0], parse_num("SIZE", argv[1]), argv[2]);
 	}
 	fprintf(stderr, "p2plab-gpu-tool: unknown command '%s'\n", cmd);
 	usage(stderr);
