@@ -20,6 +20,10 @@ rm -rf "$out/src"
 mkdir -p "$out/src/tool"
 cp "$here/Kbuild" "$here/Makefile" "$here"/*.c "$here"/*.h "$out/src/"
 cp "$here/tool/Makefile" "$here/tool/p2plab-nic-tool.c" "$out/src/tool/"
+# The GPU driver's peer-memory API header (its functions are found at run
+# time with symbol_get, so no Module.symvers is needed).
+cp "$here/../../gpu/guest-driver/p2plab_p2p.h" "$out/src/"
+cp "$here/../../gpu/guest-driver/p2plab_gpu_uapi.h" "$out/src/tool/"
 
 inner=/tmp/p2plab-nic-build.$$
 mkdir -p "$root$inner"

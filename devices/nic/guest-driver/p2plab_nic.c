@@ -10,7 +10,14 @@
  *   completions.
  *
  * Regions: user RAM is pinned with pin_user_pages (FOLL_LONGTERM) and each
- * page DMA-mapped for the NIC.
+ * page DMA-mapped for the NIC. GPU memory (a user mapping of a p2plab_gpu
+ * VRAM allocation) is pinned and mapped through the GPU driver's
+ * peer-memory API (p2plab_p2p.h), found with symbol_get so the NIC driver
+ * loads without the GPU driver. When the GPU driver revokes the pages
+ * (the allocation is freed, its owner exits, the GPU is reset or unbound),
+ * its free callback quiesces the NIC, completes the region's posts as
+ * revoked and frees the mapping; later posts on the region fail with
+ * ENOLINK.
  *
  * Quiescing: the driver clears CTRL's ring enables, then waits for
  * STATUS.TX_BUSY/RX_BUSY to clear; from then on the device touches no
@@ -40,6 +47,7 @@
 
 #include "p2plab_nic_hw.h"
 #include "p2plab_nic_uapi.h"
+#include "p2plab_p2p.h"
 
 #define DRV_NAME		"p2plab_nic"
 #define P2PLAB_NIC_MINORS	16
@@ -60,7 +68,10 @@ static const struct class p2plab_nic_class = {
 	.name = "p2plab-nic",
 };
 
+struct p2plab_nic;
+
 struct nic_mr {
+	struct p2plab_nic *nic;
 	u32 handle;
 	u32 source;
 	u64 length;
@@ -70,7 +81,69 @@ struct nic_mr {
 	struct page **pages;	/* SRC_RAM */
 	atomic_t inflight;	/* frames posted and not completed */
 	bool revoked;
+	/* SRC_GPU: the GPU driver's pin and mapping (NULL once revoked). */
+	struct p2plab_p2p_page_table *pt;
+	struct p2plab_p2p_dma_mapping *map;
+	u32 map_type;
+	/* Deregistered while its revocation ran: the callback frees it. */
+	bool orphan;
 };
+
+/* The GPU driver's peer-memory API, looked up on first use. */
+static struct {
+	struct mutex lock;
+	bool got;
+	typeof(&p2plab_p2p_get_pages) get_pages;
+	typeof(&p2plab_p2p_dma_map_pages) dma_map_pages;
+	typeof(&p2plab_p2p_dma_unmap_pages) dma_unmap_pages;
+	typeof(&p2plab_p2p_put_pages) put_pages;
+	typeof(&p2plab_p2p_free_page_table) free_page_table;
+	typeof(&p2plab_p2p_free_dma_mapping) free_dma_mapping;
+} p2p = { .lock = __MUTEX_INITIALIZER(p2p.lock) };
+
+static void p2p_put_symbols(void)
+{
+	if (!p2p.got)
+		return;
+	symbol_put(p2plab_p2p_get_pages);
+	symbol_put(p2plab_p2p_dma_map_pages);
+	symbol_put(p2plab_p2p_dma_unmap_pages);
+	symbol_put(p2plab_p2p_put_pages);
+	symbol_put(p2plab_p2p_free_page_table);
+	symbol_put(p2plab_p2p_free_dma_mapping);
+	p2p.got = false;
+}
+
+/* Finds the peer-memory API; -EOPNOTSUPP without the GPU driver. */
+static int p2p_get_symbols(void)
+{
+	int ret = 0;
+
+	mutex_lock(&p2p.lock);
+	if (!p2p.got) {
+		p2p.get_pages = symbol_get(p2plab_p2p_get_pages);
+		p2p.dma_map_pages = symbol_get(p2plab_p2p_dma_map_pages);
+		p2p.dma_unmap_pages = symbol_get(p2plab_p2p_dma_unmap_pages);
+		p2p.put_pages = symbol_get(p2plab_p2p_put_pages);
+		p2p.free_page_table = symbol_get(p2plab_p2p_free_page_table);
+		p2p.free_dma_mapping = symbol_get(p2plab_p2p_free_dma_mapping);
+		p2p.got = true;
+		if (!p2p.get_pages || !p2p.dma_map_pages || !p2p.dma_unmap_pages ||
+		    !p2p.put_pages || !p2p.free_page_table || !p2p.free_dma_mapping) {
+			/* symbol_put of a symbol not got is harmless. */
+			if (p2p.get_pages) symbol_put(p2plab_p2p_get_pages);
+			if (p2p.dma_map_pages) symbol_put(p2plab_p2p_dma_map_pages);
+			if (p2p.dma_unmap_pages) symbol_put(p2plab_p2p_dma_unmap_pages);
+			if (p2p.put_pages) symbol_put(p2plab_p2p_put_pages);
+			if (p2p.free_page_table) symbol_put(p2plab_p2p_free_page_table);
+			if (p2p.free_dma_mapping) symbol_put(p2plab_p2p_free_dma_mapping);
+			p2p.got = false;
+			ret = -EOPNOTSUPP;
+		}
+	}
+	mutex_unlock(&p2p.lock);
+	return ret;
+}
 
 struct nic_wr {
 	u64 wr_id;
@@ -255,9 +328,25 @@ static bool rings_flush_restart(struct p2plab_nic *nic, struct nic_mr *revoked)
 	return idle;
 }
 
-static void mr_release_memory(struct p2plab_nic *nic, struct nic_mr *mr)
+/*
+ * Gives the region's memory back. For GPU memory: -ENOENT when the GPU
+ * driver is revoking it right now; its callback then owns the pin (and,
+ * with mr->orphan set, the region).
+ */
+static int mr_release_memory(struct p2plab_nic *nic, struct nic_mr *mr)
 {
+	int ret = 0;
 	u32 i;
+
+	if (mr->source == P2PLAB_NIC_SRC_GPU && mr->pt) {
+		if (mr->map && !p2p.dma_unmap_pages(nic->pdev, mr->pt, mr->map))
+			mr->map = NULL;
+		ret = p2p.put_pages(mr->pt);
+		if (!ret)
+			mr->pt = NULL;
+		else if (ret != -ENOENT)
+			dev_warn(&nic->pdev->dev, "put_pages of region %u: %d\n", mr->handle, ret);
+	}
 
 	if (mr->source == P2PLAB_NIC_SRC_RAM && mr->pages) {
 		for (i = 0; i < mr->npages; i++)
@@ -268,6 +357,7 @@ static void mr_release_memory(struct p2plab_nic *nic, struct nic_mr *mr)
 	kvfree(mr->dma);
 	mr->pages = NULL;
 	mr->dma = NULL;
+	return ret;
 }
 
 static int mr_pin_ram(struct p2plab_nic *nic, struct nic_mr *mr, u64 addr)
@@ -303,6 +393,71 @@ static int mr_pin_ram(struct p2plab_nic *nic, struct nic_mr *mr, u64 addr)
 	return 0;
 }
 
+static bool rings_flush_restart(struct p2plab_nic *nic, struct nic_mr *revoked);
+
+/* The GPU driver takes the region's pages back: quiesce, then let go. */
+static void mr_free_callback(void *data)
+{
+	struct nic_mr *mr = data;
+	struct p2plab_nic *nic = mr->nic;
+	bool orphan;
+
+	mutex_lock(&nic->mr_lock);
+	if (!mr->orphan && !nic->dead) {
+		bool idle = rings_flush_restart(nic, mr);
+
+		dev_info(&nic->pdev->dev, "region %u revoked by the GPU driver; DMA %s\n",
+			 mr->handle, idle ? "quiesced" : "did not stop in time");
+	}
+	mr->revoked = true;
+	nic->revocations++;
+	if (mr->map && !p2p.free_dma_mapping(mr->map))
+		mr->map = NULL;
+	if (mr->pt && !p2p.free_page_table(mr->pt))
+		mr->pt = NULL;
+	orphan = mr->orphan;
+	mutex_unlock(&nic->mr_lock);
+	if (orphan) {
+		kvfree(mr->dma);
+		kfree(mr);
+	}
+}
+
+static int mr_pin_gpu(struct p2plab_nic *nic, struct nic_mr *mr, u64 addr)
+{
+	u32 i;
+	int ret = p2p_get_symbols();
+
+	if (ret)
+		return ret;
+	ret = p2p.get_pages(addr, mr->length, &mr->pt, mr_free_callback, mr);
+	if (ret) {
+		mr->pt = NULL;
+		return ret;
+	}
+	ret = p2p.dma_map_pages(nic->pdev, mr->pt, &mr->map);
+	if (ret) {
+		/* The kernel's reason (P2P distance) is in dmesg already. */
+		dev_warn(&nic->pdev->dev, "GPU memory refused for peer DMA by this NIC: %d\n", ret);
+		mr->map = NULL;
+		if (!p2p.put_pages(mr->pt))
+			mr->pt = NULL;
+		return ret;
+	}
+	if (mr->map->entries != mr->npages || mr->map->page_size != NIC_PAGE) {
+		p2p.dma_unmap_pages(nic->pdev, mr->pt, mr->map);
+		mr->map = NULL;
+		if (!p2p.put_pages(mr->pt))
+			mr->pt = NULL;
+		return -EINVAL;
+	}
+	for (i = 0; i < mr->npages; i++)
+		mr->dma[i] = mr->map->dma_addresses[i];
+	mr->map_type = mr->map->map_type;
+	mr->seg = nic->mtu;
+	return 0;
+}
+
 static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user *uarg)
 {
 	struct p2plab_nic_reg_mr req;
@@ -314,11 +469,12 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 	if (!req.length || req.length % NIC_PAGE || req.addr % NIC_PAGE ||
 	    req.length > (u64)U32_MAX * NIC_PAGE)
 		return -EINVAL;
-	if (req.source != P2PLAB_NIC_SRC_RAM)
+	if (req.source != P2PLAB_NIC_SRC_RAM && req.source != P2PLAB_NIC_SRC_GPU)
 		return -EOPNOTSUPP;
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return -ENOMEM;
+	mr->nic = nic;
 	mr->source = req.source;
 	mr->length = req.length;
 	mr->npages = req.length / NIC_PAGE;
@@ -328,7 +484,10 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 		ret = -ENOMEM;
 		goto err_free;
 	}
-	ret = mr_pin_ram(nic, mr, req.addr);
+	if (req.source == P2PLAB_NIC_SRC_GPU)
+		ret = mr_pin_gpu(nic, mr, req.addr);
+	else
+		ret = mr_pin_ram(nic, mr, req.addr);
 	if (ret)
 		goto err_free;
 
@@ -339,7 +498,7 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 		goto err_release;
 	mr->handle = ret;
 	req.handle = ret;
-	req.map_type = 0;
+	req.map_type = mr->map_type;
 	if (copy_to_user(uarg, &req, sizeof(req))) {
 		mutex_lock(&nic->mr_lock);
 		idr_remove(&nic->mrs, mr->handle);
@@ -350,7 +509,14 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 	return 0;
 
 err_release:
-	mr_release_memory(nic, mr);
+	mutex_lock(&nic->mr_lock);
+	if (mr_release_memory(nic, mr) == -ENOENT) {
+		/* Being revoked right now: the callback frees the region. */
+		mr->orphan = true;
+		mutex_unlock(&nic->mr_lock);
+		return ret;
+	}
+	mutex_unlock(&nic->mr_lock);
 err_free:
 	kvfree(mr->dma);
 	kfree(mr);
@@ -363,7 +529,11 @@ static int mr_destroy(struct p2plab_nic *nic, struct nic_mr *mr)
 	if (atomic_read(&mr->inflight))
 		return -EBUSY;
 	idr_remove(&nic->mrs, mr->handle);
-	mr_release_memory(nic, mr);
+	if (mr_release_memory(nic, mr) == -ENOENT) {
+		/* Its revocation is waiting for mr_lock: the callback frees it. */
+		mr->orphan = true;
+		return 0;
+	}
 	kfree(mr);
 	return 0;
 }
@@ -864,6 +1034,7 @@ static void __exit p2plab_nic_exit(void)
 	class_unregister(&p2plab_nic_class);
 	unregister_chrdev_region(p2plab_nic_devt, P2PLAB_NIC_MINORS);
 	ida_destroy(&p2plab_nic_ida);
+	p2p_put_symbols();
 }
 
 module_init(p2plab_nic_init);

@@ -389,6 +389,9 @@ fn tx_engine(device: &Device) {
             );
             continue;
         }
+        // The buffer is read: from here on the engine touches no guest
+        // buffer for this descriptor (a driver quiescing may go on).
+        device.lock().tx.busy = false;
         device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
         let decision = {
             let mut faults = device.faults();

@@ -127,9 +127,9 @@ pub const STATUS_BUS_MASTER: u32 = 1 << 4;
 /// STATUS: an engine stopped on a ring-level error; disable and re-enable
 /// that ring to recover.
 pub const STATUS_HALTED: u32 = 1 << 5;
-/// STATUS: the TX engine holds a descriptor (reading its buffer or
-/// sending). After clearing CTRL.TX_ENABLE, the driver waits for this to
-/// clear before it frees TX buffers.
+/// STATUS: the TX engine may read a TX buffer (it took a descriptor and
+/// has not finished reading its buffer). After clearing CTRL.TX_ENABLE,
+/// the driver waits for this to clear before it frees TX buffers.
 pub const STATUS_TX_BUSY: u32 = 1 << 6;
 /// STATUS: the RX engine holds a descriptor (it may write its buffer).
 pub const STATUS_RX_BUSY: u32 = 1 << 7;
