@@ -16,6 +16,21 @@
 //!    the next transfer reports exactly one failed receive with BAD_FCS
 //!    (0x4), and nic1 counts one FCS error. Catches: corruption that goes
 //!    unnoticed, or a NIC that stops after a bad frame.
+//! 4. GPU memory -> nic0 -> wire -> nic1 -> GPU memory, 256 MiB: regions
+//!    registered through the GPU driver's peer-memory API (mapped as bus
+//!    addresses under the switch), the source filled and both sides
+//!    checksummed by the GPU's engine; the CRCs match and the servers'
+//!    counters show the payload went to and from gpu0's BAR, not RAM.
+//!    Catches: a NIC or driver that bounces through RAM, a peer mapping
+//!    with wrong addresses, frames cut differently on both sides.
+//! 5. Revocation: the destination allocation is freed on the GPU while
+//!    receives are outstanding. The NIC driver's free callback quiesces
+//!    nic1 (one "DMA quiesced" line; nic0's source is revoked the same way
+//!    when the tool exits), outstanding receives complete as
+//!    revoked, the next post on the region fails with ENOLINK, the kernel
+//!    log stays clean, and a new GPU transfer works. Catches: a callback
+//!    that does not stop DMA, a region still usable after revocation, a
+//!    driver wedged by it.
 //! 3. Closing both devices with posts outstanding (`--abandon`) quiesces
 //!    the rings: a transfer right after succeeds, with no stale frame in
 //!    it, and the kernel log stays clean. Catches: a release path that
@@ -28,6 +43,16 @@ use common::{counter, run_guest, stats, Boot};
 const SIZE: u64 = 8 << 20;
 const POST: u64 = 256 << 10;
 const PAGE: u64 = 4096;
+/// GPU to GPU: 256 MiB in 4 MiB posts of 64 KiB frames (the default MTU).
+const GPU_SIZE: u64 = 256 << 20;
+const GPU_POST: u64 = 4 << 20;
+const MTU: u64 = 64 << 10;
+const REVOKE_SIZE: u64 = 64 << 20;
+const AFTER_SIZE: u64 = 16 << 20;
+/// enum pci_p2pdma_map_type in the 7.3 guest kernel.
+const MAP_TYPE_BUS_ADDR: &str = "3";
+/// ENOLINK.
+const ENOLINK: &str = "67";
 
 const SCRIPT: &str = r#"
 set -u
@@ -66,6 +91,31 @@ p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 1M --pos
 say AFTER_EXIT $?
 facts AFTER < /tmp/x3
 
+# --- 4. GPU memory -> nic0 -> wire -> nic1 -> GPU memory ----------------------
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
+  --size @GPU_SIZE@ --post @GPU_POST@ --seed 13 > /tmp/g1
+say GPU_EXIT $?
+facts GPU < /tmp/g1
+
+# --- 5. revocation: the destination VRAM is freed with receives outstanding --
+# quiesced N: "DMA quiesced" lines of p2plab-nicN so far.
+quiesced() {
+  bdf=$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic$1/device)")
+  dmesg | grep "$bdf" | grep -c 'revoked by the GPU driver; DMA quiesced'
+}
+base0=$(quiesced 0); base1=$(quiesced 1)
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
+  --size @REVOKE_SIZE@ --post @GPU_POST@ --free-dst-after 2 --seed 17 > /tmp/r1
+say REVOKE_EXIT $?
+facts REVOKE < /tmp/r1
+say REVOKE_LINES_NIC0 $(( $(quiesced 0) - base0 ))
+say REVOKE_LINES_NIC1 $(( $(quiesced 1) - base1 ))
+sleep 1
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
+  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 19 > /tmp/g2
+say GPU_AFTER_EXIT $?
+facts GPU_AFTER < /tmp/g2
+
 say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace')"
 dmesg | grep p2plab_nic | tail -n 10
 exit 0
@@ -75,7 +125,11 @@ exit 0
 fn ram_to_ram_over_the_wire() {
     let script = SCRIPT
         .replace("@SIZE@", &SIZE.to_string())
-        .replace("@POST@", &POST.to_string());
+        .replace("@POST@", &POST.to_string())
+        .replace("@GPU_SIZE@", &GPU_SIZE.to_string())
+        .replace("@GPU_POST@", &GPU_POST.to_string())
+        .replace("@REVOKE_SIZE@", &REVOKE_SIZE.to_string())
+        .replace("@AFTER_SIZE@", &AFTER_SIZE.to_string());
     let run = run_guest("rdma", &script, Boot::default());
     run.expect("NIC_DEVICES", "2");
     run.expect("INFO0_LINK_UP", "1");
@@ -111,24 +165,56 @@ fn ram_to_ram_over_the_wire() {
     run.expect("AFTER_VERIFY", "ok");
     run.expect("KERNEL_COMPLAINTS", "0");
 
-    // The servers' side: nic0 sent, nic1 received, through guest RAM.
-    // The abandoned transfer adds an unknown number of frames (those the
-    // engines took before the driver stopped them), never more than it
-    // posted, and what nic0 sent nic1 received or discarded on reset.
-    let total_frames = frames + 2 * ((1u64 << 20) / PAGE);
+    // 4. GPU to GPU through the peer-memory API, checked by the GPU's CRC.
+    run.expect("GPU_EXIT", "0");
+    run.expect("GPU_MAP_TYPE", MAP_TYPE_BUS_ADDR);
+    run.expect("GPU_VERIFY", "ok");
+    assert_eq!(run.fact("GPU_SRC_CRC"), run.fact("GPU_DST_CRC"));
+    assert_eq!(run.fact_u64("GPU_RX_BYTES"), GPU_SIZE);
+    assert_eq!(run.fact_u64("GPU_TX_FRAMES"), GPU_SIZE / MTU);
+    assert_eq!(run.fact_u64("GPU_RX_FRAMES"), GPU_SIZE / MTU);
+
+    // 5. Revocation: the free callback quiesced nic1 once, the next
+    // receive post failed with ENOLINK, outstanding receives completed
+    // as revoked, and both NICs work afterwards.
+    run.expect("REVOKE_EXIT", "1");
+    run.expect("REVOKE_POST_ERRNO", ENOLINK);
+    assert!(run.fact_u64("REVOKE_FREED_AFTER_RX") >= 2);
+    assert!(run.fact_u64("REVOKE_REVOKED_WCS") >= 1);
+    run.expect("REVOKE_VERIFY", "skipped");
+    // nic1's destination by the FREE; nic0's source at the tool's exit:
+    // the exiting process's GPU file is released before its NIC files
+    // (task work runs last-in first-out), which frees the allocation and
+    // revokes the pin too.
+    run.expect("REVOKE_LINES_NIC1", "1");
+    run.expect("REVOKE_LINES_NIC0", "1");
+    run.expect("GPU_AFTER_EXIT", "0");
+    run.expect("GPU_AFTER_VERIFY", "ok");
+
+    // The servers' side: nic0 sent, nic1 received. The abandoned RAM
+    // transfer and the revoked GPU one add frames in a known range (those
+    // the engines took before the drivers stopped them), and what nic0
+    // sent nic1 received or dropped while closed.
+    let ram_frames = frames + 2 * ((1u64 << 20) / PAGE);
     let total_bytes = SIZE + 2 * (1 << 20);
     let abandoned_max = (4u64 << 20) / PAGE;
+    let gpu_frames = (GPU_SIZE + AFTER_SIZE) / MTU;
+    let revoked_max = REVOKE_SIZE / MTU;
+    let least = ram_frames + gpu_frames;
     let nic0 = stats(&run, "nic0");
     let nic1 = stats(&run, "nic1");
     let sent = counter(&nic0, "tx_packets");
     assert!(
-        (total_frames..=total_frames + abandoned_max).contains(&sent),
+        (least..=least + abandoned_max + revoked_max).contains(&sent),
         "{nic0}"
     );
-    assert!(counter(&nic0, "tx_bytes") >= total_bytes, "{nic0}");
+    assert!(
+        counter(&nic0, "tx_bytes") >= total_bytes + GPU_SIZE + AFTER_SIZE,
+        "{nic0}"
+    );
     let received = counter(&nic1, "rx_packets");
     assert!(
-        (total_frames..=sent).contains(&received),
+        (least..=sent).contains(&received),
         "nic1 received {received} of {sent}: {nic1}"
     );
     assert_eq!(counter(&nic0, "wire_corrupts"), 1, "{nic0}");
@@ -141,7 +227,7 @@ fn ram_to_ram_over_the_wire() {
         0
     );
     // Buffers in RAM: payload read by nic0 and written by nic1 through
-    // the mmapped guest memory, none through DMA messages.
+    // the mmapped guest memory.
     assert!(
         counter(&nic0, "dma_mmap_read_bytes") >= total_bytes,
         "{nic0}"
@@ -150,8 +236,67 @@ fn ram_to_ram_over_the_wire() {
         counter(&nic1, "dma_mmap_write_bytes") >= total_bytes,
         "{nic1}"
     );
-    assert_eq!(counter(&nic0, "dma_message_read_bytes"), 0, "{nic0}");
-    assert_eq!(counter(&nic1, "dma_message_write_bytes"), 0, "{nic1}");
+
+    // GPU memory: what the NICs moved for the GPU phases went to and from
+    // gpu0's BAR (by message, or the zero-copy peer path), not RAM. RAM
+    // saw only the RAM phases, the abandoned posts and descriptors.
+    let gpu_min = GPU_SIZE + AFTER_SIZE;
+    let gpu_max = gpu_min + REVOKE_SIZE;
+    let in_range = |v: u64| (gpu_min..=gpu_max).contains(&v);
+    assert!(in_range(counter(&nic0, "tx_peer_bar_bytes")), "{nic0}");
+    assert!(in_range(counter(&nic1, "rx_peer_bar_bytes")), "{nic1}");
+    let peer = |v: &serde_json::Value, dir: &str| {
+        counter(v, &format!("dma_message_{dir}_bytes"))
+            + v[format!("dma_peer_{dir}_bytes")].as_u64().unwrap_or(0)
+    };
+    assert!(peer(&nic0, "read") >= gpu_min, "{nic0}");
+    assert!(peer(&nic1, "write") >= gpu_min, "{nic1}");
+    let ram_slack = (4 << 20) + (1 << 20);
+    assert!(
+        counter(&nic0, "dma_mmap_read_bytes") <= total_bytes + ram_slack,
+        "GPU payload read from RAM: {nic0}"
+    );
+    assert!(
+        counter(&nic1, "dma_mmap_write_bytes") <= total_bytes + ram_slack,
+        "GPU payload written to RAM: {nic1}"
+    );
+}
+
+const REFUSAL_SCRIPT: &str = r#"
+set -u
+say() { echo "$1=$2"; }
+facts() { while IFS== read -r k v; do echo "$1_$(echo "$k" | tr a-z A-Z)=$v"; done; }
+base=$(dmesg | grep -c 'cannot be used for peer-to-peer DMA')
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --src gpu --dst gpu --size 1M --post 1M > /tmp/d
+say REFUSE_EXIT $?
+facts REFUSE < /tmp/d
+say REFUSE_DMESG $(( $(dmesg | grep -c 'cannot be used for peer-to-peer DMA') - base ))
+say REFUSE_NIC_LINES "$(dmesg | grep -c 'p2plab_nic.*GPU memory refused for peer DMA')"
+# The NIC itself works (RAM, over its loopback wire).
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --size 1M --post 256K > /tmp/r
+say RAM_EXIT $?
+facts RAM < /tmp/r
+exit 0
+"#;
+
+/// (d) Refusal: nic0 and gpu0 on separate root ports (`rdma-separate`).
+/// Registering GPU memory with the NIC fails with EINVAL because the
+/// kernel's P2P distance check refuses the pair, dmesg gives the kernel's
+/// reason, and the NIC still moves RAM. Catches: a peer-memory API or NIC
+/// driver that hands out addresses the kernel would refuse.
+#[test]
+fn gpu_memory_refused_on_separate_root_ports() {
+    let run = run_guest("rdma-separate", REFUSAL_SCRIPT, Boot::default());
+    run.expect("REFUSE_EXIT", "3");
+    run.expect("REFUSE_REG_ERRNO", "22");
+    assert!(
+        run.fact_u64("REFUSE_DMESG") >= 1,
+        "dmesg gives the kernel's reason"
+    );
+    run.expect("REFUSE_NIC_LINES", "1");
+    run.expect("RAM_EXIT", "0");
+    run.expect("RAM_VERIFY", "ok");
+    let nic0 = stats(&run, "nic0");
     assert_eq!(counter(&nic0, "tx_peer_bar_bytes"), 0, "{nic0}");
-    assert_eq!(counter(&nic1, "rx_peer_bar_bytes"), 0, "{nic1}");
+    assert_eq!(counter(&nic0, "rx_packets"), (1 << 20) / PAGE, "{nic0}");
 }
