@@ -16,6 +16,10 @@
 //!    the next transfer reports exactly one failed receive with BAD_FCS
 //!    (0x4), and nic1 counts one FCS error. Catches: corruption that goes
 //!    unnoticed, or a NIC that stops after a bad frame.
+//! 3. Closing both devices with posts outstanding (`--abandon`) quiesces
+//!    the rings: a transfer right after succeeds, with no stale frame in
+//!    it, and the kernel log stays clean. Catches: a release path that
+//!    leaves the engines running on freed pages or the rings wedged.
 //! 4. GPU memory -> nic0 -> wire -> nic1 -> GPU memory, 256 MiB: regions
 //!    registered through the GPU driver's peer-memory API (mapped as bus
 //!    addresses under the switch), the source filled and both sides
@@ -31,10 +35,11 @@
 //!    log stays clean, and a new GPU transfer works. Catches: a callback
 //!    that does not stop DMA, a region still usable after revocation, a
 //!    driver wedged by it.
-//! 3. Closing both devices with posts outstanding (`--abandon`) quiesces
-//!    the rings: a transfer right after succeeds, with no stale frame in
-//!    it, and the kernel log stays clean. Catches: a release path that
-//!    leaves the engines running on freed pages or the rings wedged.
+//! 6. The same through dma-buf (64 MiB, then a revocation by FREE and a
+//!    transfer after it): the GPU driver exports each allocation, the NIC
+//!    driver imports it by fd with allow_peer2peer, and the exporter's
+//!    invalidate_mappings revokes it. Catches: an importer that ignores
+//!    invalidation or maps a non-P2P attachment.
 
 mod common;
 
@@ -49,6 +54,7 @@ const GPU_POST: u64 = 4 << 20;
 const MTU: u64 = 64 << 10;
 const REVOKE_SIZE: u64 = 64 << 20;
 const AFTER_SIZE: u64 = 16 << 20;
+const DMABUF_SIZE: u64 = 64 << 20;
 /// enum pci_p2pdma_map_type in the 7.3 guest kernel.
 const MAP_TYPE_BUS_ADDR: &str = "3";
 /// ENOLINK.
@@ -116,6 +122,28 @@ p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst
 say GPU_AFTER_EXIT $?
 facts GPU_AFTER < /tmp/g2
 
+# --- 6. the same through dma-buf: exported by the GPU driver, imported by fd --
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
+  --size @DMABUF_SIZE@ --post @GPU_POST@ --seed 23 > /tmp/b1
+say DMABUF_EXIT $?
+facts DMABUF < /tmp/b1
+invalidated() {
+  bdf=$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic$1/device)")
+  dmesg | grep "$bdf" | grep -c 'invalidated by its exporter; DMA quiesced'
+}
+base0=$(invalidated 0); base1=$(invalidated 1)
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
+  --size @REVOKE_SIZE@ --post @GPU_POST@ --free-dst-after 2 --seed 29 > /tmp/b2
+say DMABUF_REVOKE_EXIT $?
+facts DMABUF_REVOKE < /tmp/b2
+say DMABUF_REVOKE_LINES_NIC0 $(( $(invalidated 0) - base0 ))
+say DMABUF_REVOKE_LINES_NIC1 $(( $(invalidated 1) - base1 ))
+sleep 1
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
+  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 31 > /tmp/b3
+say DMABUF_AFTER_EXIT $?
+facts DMABUF_AFTER < /tmp/b3
+
 say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace')"
 dmesg | grep p2plab_nic | tail -n 10
 exit 0
@@ -129,7 +157,8 @@ fn ram_to_ram_over_the_wire() {
         .replace("@GPU_SIZE@", &GPU_SIZE.to_string())
         .replace("@GPU_POST@", &GPU_POST.to_string())
         .replace("@REVOKE_SIZE@", &REVOKE_SIZE.to_string())
-        .replace("@AFTER_SIZE@", &AFTER_SIZE.to_string());
+        .replace("@AFTER_SIZE@", &AFTER_SIZE.to_string())
+        .replace("@DMABUF_SIZE@", &DMABUF_SIZE.to_string());
     let run = run_guest("rdma", &script, Boot::default());
     run.expect("NIC_DEVICES", "2");
     run.expect("INFO0_LINK_UP", "1");
@@ -191,6 +220,20 @@ fn ram_to_ram_over_the_wire() {
     run.expect("GPU_AFTER_EXIT", "0");
     run.expect("GPU_AFTER_VERIFY", "ok");
 
+    // 6. dma-buf: the same transfer and revocation, through the
+    // exporter's invalidate_mappings instead of the free callback.
+    run.expect("DMABUF_EXIT", "0");
+    run.expect("DMABUF_VERIFY", "ok");
+    assert_eq!(run.fact("DMABUF_SRC_CRC"), run.fact("DMABUF_DST_CRC"));
+    assert_eq!(run.fact_u64("DMABUF_RX_FRAMES"), DMABUF_SIZE / MTU);
+    run.expect("DMABUF_REVOKE_EXIT", "1");
+    run.expect("DMABUF_REVOKE_POST_ERRNO", ENOLINK);
+    assert!(run.fact_u64("DMABUF_REVOKE_REVOKED_WCS") >= 1);
+    run.expect("DMABUF_REVOKE_LINES_NIC1", "1");
+    run.expect("DMABUF_REVOKE_LINES_NIC0", "1");
+    run.expect("DMABUF_AFTER_EXIT", "0");
+    run.expect("DMABUF_AFTER_VERIFY", "ok");
+
     // The servers' side: nic0 sent, nic1 received. The abandoned RAM
     // transfer and the revoked GPU one add frames in a known range (those
     // the engines took before the drivers stopped them), and what nic0
@@ -198,8 +241,8 @@ fn ram_to_ram_over_the_wire() {
     let ram_frames = frames + 2 * ((1u64 << 20) / PAGE);
     let total_bytes = SIZE + 2 * (1 << 20);
     let abandoned_max = (4u64 << 20) / PAGE;
-    let gpu_frames = (GPU_SIZE + AFTER_SIZE) / MTU;
-    let revoked_max = REVOKE_SIZE / MTU;
+    let gpu_frames = (GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE) / MTU;
+    let revoked_max = 2 * REVOKE_SIZE / MTU;
     let least = ram_frames + gpu_frames;
     let nic0 = stats(&run, "nic0");
     let nic1 = stats(&run, "nic1");
@@ -209,7 +252,7 @@ fn ram_to_ram_over_the_wire() {
         "{nic0}"
     );
     assert!(
-        counter(&nic0, "tx_bytes") >= total_bytes + GPU_SIZE + AFTER_SIZE,
+        counter(&nic0, "tx_bytes") >= total_bytes + GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE,
         "{nic0}"
     );
     let received = counter(&nic1, "rx_packets");
@@ -240,8 +283,8 @@ fn ram_to_ram_over_the_wire() {
     // GPU memory: what the NICs moved for the GPU phases went to and from
     // gpu0's BAR (by message, or the zero-copy peer path), not RAM. RAM
     // saw only the RAM phases, the abandoned posts and descriptors.
-    let gpu_min = GPU_SIZE + AFTER_SIZE;
-    let gpu_max = gpu_min + REVOKE_SIZE;
+    let gpu_min = GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE;
+    let gpu_max = gpu_min + 2 * REVOKE_SIZE;
     let in_range = |v: u64| (gpu_min..=gpu_max).contains(&v);
     assert!(in_range(counter(&nic0, "tx_peer_bar_bytes")), "{nic0}");
     assert!(in_range(counter(&nic1, "rx_peer_bar_bytes")), "{nic1}");

@@ -19,6 +19,17 @@
  * revoked and frees the mapping; later posts on the region fail with
  * ENOLINK.
  *
+ * A dma-buf (e.g. one the GPU driver exports from a VRAM allocation) is
+ * imported with dma_buf_dynamic_attach and allow_peer2peer, so the
+ * exporter and the kernel's P2P distance check decide the addresses. Its
+ * invalidate_mappings callback (the exporter moving or revoking the
+ * buffer) revokes the region the same way.
+ *
+ * Locks: mr_lock (regions, posts) is taken before a dma-buf's reservation
+ * lock; ring_lock (stop, flush, restart of the rings) after either. The
+ * dma-buf callback runs under the reservation lock, so it takes ring_lock
+ * only; a post checks the region's revoked flag again under the spinlock.
+ *
  * Quiescing: the driver clears CTRL's ring enables, then waits for
  * STATUS.TX_BUSY/RX_BUSY to clear; from then on the device touches no
  * buffer, and every outstanding post completes as flushed. The rings run
@@ -29,6 +40,9 @@
 
 #include <linux/cdev.h>
 #include <linux/delay.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-resv.h>
+#include <linux/scatterlist.h>
 #include <linux/dma-mapping.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
@@ -87,6 +101,10 @@ struct nic_mr {
 	u32 map_type;
 	/* Deregistered while its revocation ran: the callback frees it. */
 	bool orphan;
+	/* SRC_DMABUF */
+	struct dma_buf *dmabuf;
+	struct dma_buf_attachment *attach;
+	struct sg_table *sgt;
 };
 
 /* The GPU driver's peer-memory API, looked up on first use. */
@@ -180,7 +198,8 @@ struct p2plab_nic {
 	struct p2plab_nic_wc *cq;
 	u32 cq_size, cq_head, cq_count, wr_outstanding;
 	wait_queue_head_t wq;
-	struct mutex mr_lock;	/* regions, posts against them, ring restarts */
+	struct mutex mr_lock;	/* regions, posts against them */
+	struct mutex ring_lock;	/* stop, flush and restart of the rings */
 	struct idr mrs;
 	bool open;
 	bool dead;
@@ -316,14 +335,23 @@ static void rings_start(struct p2plab_nic *nic)
 static bool rings_flush_restart(struct p2plab_nic *nic, struct nic_mr *revoked)
 {
 	unsigned long flags;
-	bool idle = rings_stop(nic);
+	bool idle;
 
+	mutex_lock(&nic->ring_lock);
+	if (revoked) {
+		/* Posts check this under the spinlock: none on it from now on. */
+		spin_lock_irqsave(&nic->lock, flags);
+		revoked->revoked = true;
+		spin_unlock_irqrestore(&nic->lock, flags);
+	}
+	idle = rings_stop(nic);
 	spin_lock_irqsave(&nic->lock, flags);
 	ring_flush(nic, &nic->tx, P2PLAB_NIC_WC_FLUSHED, revoked);
 	ring_flush(nic, &nic->rx, P2PLAB_NIC_WC_FLUSHED, revoked);
 	spin_unlock_irqrestore(&nic->lock, flags);
-	if (nic->open && !nic->dead)
+	if (READ_ONCE(nic->open) && !READ_ONCE(nic->dead))
 		rings_start(nic);
+	mutex_unlock(&nic->ring_lock);
 	wake_up_all(&nic->wq);
 	return idle;
 }
@@ -352,6 +380,19 @@ static int mr_release_memory(struct p2plab_nic *nic, struct nic_mr *mr)
 		for (i = 0; i < mr->npages; i++)
 			dma_unmap_page(&nic->pdev->dev, mr->dma[i], NIC_PAGE, DMA_BIDIRECTIONAL);
 		unpin_user_pages(mr->pages, mr->npages);
+	}
+	if (mr->source == P2PLAB_NIC_SRC_DMABUF && mr->attach) {
+		dma_resv_lock(mr->dmabuf->resv, NULL);
+		if (mr->sgt)
+			dma_buf_unmap_attachment(mr->attach, mr->sgt, DMA_BIDIRECTIONAL);
+		mr->sgt = NULL;
+		dma_resv_unlock(mr->dmabuf->resv);
+		dma_buf_detach(mr->dmabuf, mr->attach);
+		mr->attach = NULL;
+	}
+	if (mr->dmabuf) {
+		dma_buf_put(mr->dmabuf);
+		mr->dmabuf = NULL;
 	}
 	kvfree(mr->pages);
 	kvfree(mr->dma);
@@ -458,6 +499,82 @@ static int mr_pin_gpu(struct p2plab_nic *nic, struct nic_mr *mr, u64 addr)
 	return 0;
 }
 
+/* The exporter moves or revokes the buffer; its reservation lock is held. */
+static void mr_dmabuf_invalidate(struct dma_buf_attachment *attach)
+{
+	struct nic_mr *mr = attach->importer_priv;
+	struct p2plab_nic *nic = mr->nic;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	if (!READ_ONCE(nic->dead)) {
+		bool idle = rings_flush_restart(nic, mr);
+
+		dev_info(&nic->pdev->dev, "dma-buf region %u invalidated by its exporter; DMA %s\n",
+			 mr->handle, idle ? "quiesced" : "did not stop in time");
+	}
+	WRITE_ONCE(mr->revoked, true);
+	nic->revocations++;
+	if (mr->sgt)
+		dma_buf_unmap_attachment(attach, mr->sgt, DMA_BIDIRECTIONAL);
+	mr->sgt = NULL;
+}
+
+static const struct dma_buf_attach_ops nic_dmabuf_importer = {
+	.allow_peer2peer = true,
+	.invalidate_mappings = mr_dmabuf_invalidate,
+};
+
+static int mr_attach_dmabuf(struct p2plab_nic *nic, struct nic_mr *mr, int fd, u64 offset)
+{
+	struct scatterlist *sg;
+	u64 skip = offset, page = 0;
+	unsigned int i;
+	int ret = 0;
+
+	mr->dmabuf = dma_buf_get(fd);
+	if (IS_ERR(mr->dmabuf)) {
+		mr->dmabuf = NULL;
+		return -EBADF;
+	}
+	mr->attach = dma_buf_dynamic_attach(mr->dmabuf, &nic->pdev->dev, &nic_dmabuf_importer, mr);
+	if (IS_ERR(mr->attach)) {
+		ret = PTR_ERR(mr->attach);
+		mr->attach = NULL;
+		return ret;
+	}
+	dma_resv_lock(mr->dmabuf->resv, NULL);
+	mr->sgt = dma_buf_map_attachment(mr->attach, DMA_BIDIRECTIONAL);
+	if (IS_ERR(mr->sgt)) {
+		ret = PTR_ERR(mr->sgt);
+		mr->sgt = NULL;
+		dev_warn(&nic->pdev->dev, "dma-buf refused for peer DMA by this NIC: %d\n", ret);
+		goto out;
+	}
+	/* The region: [offset, offset + length) of the buffer, in 4 KiB pages. */
+	for_each_sgtable_dma_sg(mr->sgt, sg, i) {
+		dma_addr_t addr = sg_dma_address(sg);
+		u64 len = sg_dma_len(sg);
+
+		if (addr % NIC_PAGE || len % NIC_PAGE) {
+			ret = -EINVAL;
+			goto out;
+		}
+		for (; len && page < mr->npages; addr += NIC_PAGE, len -= NIC_PAGE) {
+			if (skip) {
+				skip -= NIC_PAGE;
+				continue;
+			}
+			mr->dma[page++] = addr;
+		}
+	}
+	if (page < mr->npages)
+		ret = -EINVAL;	/* the buffer is shorter than the region */
+	mr->seg = nic->mtu;
+out:
+	dma_resv_unlock(mr->dmabuf->resv);
+	return ret;
+}
+
 static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user *uarg)
 {
 	struct p2plab_nic_reg_mr req;
@@ -469,7 +586,8 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 	if (!req.length || req.length % NIC_PAGE || req.addr % NIC_PAGE ||
 	    req.length > (u64)U32_MAX * NIC_PAGE)
 		return -EINVAL;
-	if (req.source != P2PLAB_NIC_SRC_RAM && req.source != P2PLAB_NIC_SRC_GPU)
+	if (req.source != P2PLAB_NIC_SRC_RAM && req.source != P2PLAB_NIC_SRC_GPU &&
+	    req.source != P2PLAB_NIC_SRC_DMABUF)
 		return -EOPNOTSUPP;
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
@@ -484,10 +602,15 @@ static long ioctl_reg_mr(struct p2plab_nic *nic, struct p2plab_nic_reg_mr __user
 		ret = -ENOMEM;
 		goto err_free;
 	}
-	if (req.source == P2PLAB_NIC_SRC_GPU)
+	if (req.source == P2PLAB_NIC_SRC_GPU) {
 		ret = mr_pin_gpu(nic, mr, req.addr);
-	else
+	} else if (req.source == P2PLAB_NIC_SRC_DMABUF) {
+		ret = mr_attach_dmabuf(nic, mr, req.fd, req.addr);
+		if (ret)
+			goto err_release;
+	} else {
 		ret = mr_pin_ram(nic, mr, req.addr);
+	}
 	if (ret)
 		goto err_free;
 
@@ -610,6 +733,11 @@ static long ioctl_post(struct p2plab_nic *nic, struct p2plab_nic_post __user *ua
 		frames++;
 
 	spin_lock_irqsave(&nic->lock, flags);
+	if (mr->revoked) {
+		spin_unlock_irqrestore(&nic->lock, flags);
+		ret = -ENOLINK;
+		goto out;
+	}
 	ring_reap(nic, ring);
 	if (frames > nic->entries - 1 - ring->used ||
 	    nic->wr_outstanding + nic->cq_count >= nic->cq_size) {
@@ -749,8 +877,10 @@ static int p2plab_nic_open(struct inode *inode, struct file *filp)
 	else if (nic->open)
 		ret = -EBUSY;
 	else {
-		nic->open = true;
+		mutex_lock(&nic->ring_lock);
+		WRITE_ONCE(nic->open, true);
 		rings_start(nic);
+		mutex_unlock(&nic->ring_lock);
 	}
 	mutex_unlock(&nic->mr_lock);
 	if (ret)
@@ -788,7 +918,7 @@ static int p2plab_nic_release(struct inode *inode, struct file *filp)
 
 	mutex_lock(&nic->mr_lock);
 	/* The receiver stays off while closed: frames still on the wire are dropped. */
-	nic->open = false;
+	WRITE_ONCE(nic->open, false);
 	if (!nic->dead)
 		drop_all(nic);
 	mutex_unlock(&nic->mr_lock);
@@ -878,6 +1008,7 @@ static int p2plab_nic_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	nic->cq_size = 2 * ring_entries;
 	spin_lock_init(&nic->lock);
 	mutex_init(&nic->mr_lock);
+	mutex_init(&nic->ring_lock);
 	idr_init(&nic->mrs);
 	init_waitqueue_head(&nic->wq);
 
@@ -1040,5 +1171,6 @@ static void __exit p2plab_nic_exit(void)
 module_init(p2plab_nic_init);
 module_exit(p2plab_nic_exit);
 
+MODULE_IMPORT_NS("DMA_BUF");
 MODULE_DESCRIPTION("p2plab NIC-like DMA device: descriptor rings, verbs-shaped char device");
 MODULE_LICENSE("GPL");

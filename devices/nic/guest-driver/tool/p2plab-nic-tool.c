@@ -5,7 +5,7 @@
  *   p2plab-nic-tool info [DEV]
  *       key=value lines: mtu, link_up, status, ring_entries, counters.
  *   p2plab-nic-tool xfer [--tx DEV] [--rx DEV] [--size BYTES] [--post BYTES]
- *                        [--src ram|gpu] [--dst ram|gpu] [--gpu DEV] [--seed N]
+ *                        [--src ram|gpu|dmabuf] [--dst ram|gpu|dmabuf] [--gpu DEV] [--seed N]
  *                        [--free-dst-after POSTS] [--abandon]
  *       Registers a source region on the TX NIC and a destination region
  *       on the RX NIC, fills the source with a seeded pattern, moves it
@@ -20,6 +20,8 @@
  *       source and its CRC32C checksum job verifies the destination
  *       (src_crc, dst_crc). --src and --dst must be of one kind (frames
  *       are cut the same way on both sides).
+ *       A dmabuf region is such an allocation exported by the GPU driver as
+ *       a dma-buf and imported by the NIC driver by fd (no mapping here).
  *       --free-dst-after POSTS: free the destination's VRAM allocation once
  *       POSTS receives completed, with posts outstanding (revocation);
  *       the run then stops at the first failed post (post_errno) and
@@ -145,10 +147,11 @@ static uint32_t gpu_job(int gpu, uint32_t op, uint64_t src, uint64_t dst, uint64
 	return job.result;
 }
 
-static void reg_gpu(struct region *r, int nic, int gpu, uint64_t len)
+static void reg_gpu(struct region *r, int nic, int gpu, uint64_t len, int dmabuf)
 {
 	struct p2plab_gpu_alloc a = { .size = len };
 	struct p2plab_nic_reg_mr mr = { 0 };
+	struct p2plab_gpu_export_dmabuf ex = { 0 };
 
 	r->nic = nic;
 	r->len = len;
@@ -157,13 +160,24 @@ static void reg_gpu(struct region *r, int nic, int gpu, uint64_t len)
 		die("GPU ALLOC");
 	r->vram_offset = a.vram_offset;
 	r->gpu_handle = a.handle;
-	r->va = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, gpu, a.vram_offset);
-	if (r->va == MAP_FAILED)
-		die("mmap VRAM");
-	mr.addr = (uintptr_t)r->va;
 	mr.length = len;
-	mr.source = P2PLAB_NIC_SRC_GPU;
-	mr.fd = -1;
+	if (dmabuf) {
+		/* The allocation as a dma-buf; the NIC imports it by fd. */
+		ex.handle = a.handle;
+		ex.flags = O_RDWR | O_CLOEXEC;
+		if (ioctl(gpu, P2PLAB_GPU_IOC_EXPORT_DMABUF, &ex))
+			die("GPU EXPORT_DMABUF");
+		mr.addr = 0;
+		mr.source = P2PLAB_NIC_SRC_DMABUF;
+		mr.fd = ex.fd;
+	} else {
+		r->va = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, gpu, a.vram_offset);
+		if (r->va == MAP_FAILED)
+			die("mmap VRAM");
+		mr.addr = (uintptr_t)r->va;
+		mr.source = P2PLAB_NIC_SRC_GPU;
+		mr.fd = -1;
+	}
 	if (ioctl(nic, P2PLAB_NIC_IOC_REG_MR, &mr)) {
 		int e = errno;
 
@@ -275,9 +289,9 @@ static int xfer(int argc, char **argv)
 		}
 		i++;
 	}
-	if (strcmp(src, dst) || (strcmp(src, "ram") && strcmp(src, "gpu"))) {
-		fprintf(stderr, "p2plab-nic-tool: --src/--dst %s/%s: both ram or both gpu\n", src,
-			dst);
+	if (strcmp(src, dst) || (strcmp(src, "ram") && strcmp(src, "gpu") && strcmp(src, "dmabuf"))) {
+		fprintf(stderr, "p2plab-nic-tool: --src/--dst %s/%s: both ram, gpu or dmabuf\n",
+			src, dst);
 		return 2;
 	}
 	if (size % PAGE || chunk % PAGE || size % chunk) {
@@ -286,15 +300,16 @@ static int xfer(int argc, char **argv)
 	}
 	txfd = open_nic(txp);
 	rxfd = rxp && strcmp(rxp, txp) ? open_nic(rxp) : txfd;
-	if (!strcmp(src, "gpu")) {
+	if (strcmp(src, "ram")) {
+		int dmabuf = !strcmp(src, "dmabuf");
 		uint64_t block = 4 << 20;
 		uint8_t *buf = malloc(block);
 
 		gpu = open(gpup, O_RDWR);
 		if (gpu < 0 || !buf)
 			die(gpup);
-		reg_gpu(&s, txfd, gpu, size);
-		reg_gpu(&d, rxfd, gpu, size);
+		reg_gpu(&s, txfd, gpu, size, dmabuf);
+		reg_gpu(&d, rxfd, gpu, size, dmabuf);
 		printf("map_type=%u\n", s.map_type);
 		/* The source pattern goes in through the GPU's copy engine. */
 		for (k = 0; k < size; k += block) {
@@ -396,7 +411,7 @@ int main(int argc, char **argv)
 	if (argc >= 2 && !strcmp(argv[1], "xfer"))
 		return xfer(argc - 2, argv + 2);
 	fprintf(stderr, "usage: p2plab-nic-tool info [DEV] | xfer [--tx DEV] [--rx DEV] "
-			"[--size BYTES] [--post BYTES] [--src ram|gpu] [--dst ram|gpu] [--gpu DEV] "
+			"[--size BYTES] [--post BYTES] [--src ram|gpu|dmabuf] [--dst ...] [--gpu DEV] "
 			"[--seed N] [--free-dst-after POSTS] [--abandon]\n");
 	return 2;
 }
