@@ -10,15 +10,21 @@
 //! - [`GpuFaultSpec`] and [`GpuInjector`]: the same for the GPU's engine
 //!   jobs (`job-error=0x06,count=1`, `hang`, `drop-irq`, `vram-error=A-B`).
 //!
+//! - [`NicFaultSpec`] and [`NicInjector`]: the NIC's wire, which drops,
+//!   delays or corrupts frames on demand (`drop,count=1`, `delay=5ms`,
+//!   `corrupt,prob=0.1`).
+//!
 //! The device model applies the [`Decision`]; this crate knows command
 //! fields (queue, opcode, namespace, LBAs), not any device's registers.
 
 mod gpu;
 mod injector;
+mod nic;
 mod spec;
 
 pub use gpu::{GpuAction, GpuDecision, GpuFaultSpec, GpuInjector};
 pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector, PeerEffect};
+pub use nic::{NicAction, NicDecision, NicFaultSpec, NicInjector};
 pub use spec::{
     Action, CommandInfo, CommandSet, FaultSpec, Filter, LbaRange, Opcode, SpecError, MAX_LATENCY,
 };

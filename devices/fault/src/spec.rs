@@ -240,7 +240,7 @@ pub(crate) fn parse_number(text: &str) -> Result<u64, String> {
 }
 
 /// `5ms`, `250us`, `2s` (a unit is required).
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} needs a unit (us, ms, s)"))?;
@@ -263,7 +263,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let us = d.as_micros();
     if us.is_multiple_of(1_000_000) {
         format!("{}s", us / 1_000_000)

@@ -1,0 +1,27 @@
+//! p2plab-nic: a NIC-like PCIe DMA device for GPUDirect-RDMA-style work.
+//!
+//! - BAR0: trapped control registers ([`regs`]).
+//! - BAR4: MSI-X table and PBA (owned by the PCI layer).
+//! - TX and RX descriptor rings in guest memory ([`descriptor`]); a TX
+//!   engine thread reads each frame from its buffer (guest RAM or a peer
+//!   device's BAR) and puts it on the [`wire`]; an RX engine thread writes
+//!   frames from the wire into posted buffers.
+//! - The wire connects two NIC server processes through a unix socket, or
+//!   loops back; it drops, delays or corrupts frames on demand (specs from
+//!   p2plab-fault).
+//!
+//! The model ([`Nic`]) is a state machine over [`p2plab_dma::GuestMemory`]
+//! and [`InterruptSink`], tested without a socket or QEMU. The
+//! `p2plab-nic` binary wires it to the vfio-user transport.
+
+pub mod descriptor;
+pub mod model;
+pub mod pci;
+pub mod regs;
+pub mod stats;
+pub mod wire;
+
+pub use model::{InterruptSink, Nic, NicControl};
+pub use pci::{nic_function, NicError, NicFunction, NicIds};
+pub use stats::{Stats, StatsSnapshot};
+pub use wire::{Wire, WireConfig};

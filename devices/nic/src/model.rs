@@ -1,0 +1,871 @@
+//! The NIC as a state machine: BAR0 registers behind one lock, and two
+//! engine threads (TX and RX) that move frames between descriptor rings in
+//! guest memory and the [`Wire`].
+//!
+//! Register accesses arrive on the transport's socket thread and never
+//! wait for an engine or for guest memory: the engines do their DMA with
+//! the lock released (a DMA to a peer BAR is a message QEMU answers in the
+//! same loop that waits for our register reply).
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use p2plab_dma::{BusTarget, GuestMemory};
+use p2plab_fault::{ArmedReport, NicFaultSpec, NicInjector};
+
+use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
+use crate::regs::*;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::wire::{Frame, SendError, Wire};
+
+/// How the engines signal an MSI-X vector. Never called with the lock
+/// held.
+pub trait InterruptSink: Send + Sync + 'static {
+    /// Signals `vector`.
+    fn notify(&self, vector: u16);
+}
+
+/// How long the RX engine waits for a frame before it looks at the
+/// registers again.
+const RX_POLL: Duration = Duration::from_millis(20);
+
+/// One descriptor an engine works on: which ring, under which
+/// generation, at which bus address.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    dir: Dir,
+    generation: u64,
+    slot: u64,
+}
+
+/// One ring's registers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ring {
+    base: u64,
+    size: u32,
+    head: u32,
+    tail: u32,
+    enabled: bool,
+    halted: bool,
+    /// The engine holds a descriptor of this ring.
+    busy: bool,
+    /// Bumped by reset and by disabling the ring: an engine drops work it
+    /// fetched under an older generation.
+    generation: u64,
+}
+
+impl Ring {
+    fn runnable(&self, bus_master: bool) -> bool {
+        self.enabled && bus_master && !self.halted && self.head != self.tail
+    }
+
+    fn slot(&self) -> u64 {
+        self.base + u64::from(self.head) * DESC_SIZE
+    }
+}
+
+/// What the RX engine does next.
+enum RxWait {
+    /// Fill the descriptor at this slot (generation, slot).
+    Work(u64, u64),
+    /// RX is disabled: take frames off the wire and drop them.
+    Drain,
+    /// The device is shutting down.
+    Stop,
+}
+
+/// Which ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Tx,
+    Rx,
+}
+
+impl Dir {
+    fn cause(self) -> u32 {
+        match self {
+            Dir::Tx => INT_TX,
+            Dir::Rx => INT_RX,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dir::Tx => "tx",
+            Dir::Rx => "rx",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Registers {
+    ctrl: u32,
+    error: u32,
+    scratch: u32,
+    tx: Ring,
+    rx: Ring,
+    int_status: u32,
+    int_mask: u32,
+    bus_master: bool,
+    shutdown: bool,
+}
+
+impl Registers {
+    fn new() -> Self {
+        Self {
+            ctrl: 0,
+            error: 0,
+            scratch: 0,
+            tx: Ring::default(),
+            rx: Ring::default(),
+            int_status: 0,
+            int_mask: INT_ALL,
+            bus_master: false,
+            shutdown: false,
+        }
+    }
+
+    fn ring(&mut self, dir: Dir) -> &mut Ring {
+        match dir {
+            Dir::Tx => &mut self.tx,
+            Dir::Rx => &mut self.rx,
+        }
+    }
+
+    fn status(&self, link_up: bool) -> u32 {
+        let mut s = STATUS_READY;
+        if link_up {
+            s |= STATUS_LINK_UP;
+        }
+        if self.tx.enabled {
+            s |= STATUS_TX_ENABLED;
+        }
+        if self.rx.enabled {
+            s |= STATUS_RX_ENABLED;
+        }
+        if self.bus_master {
+            s |= STATUS_BUS_MASTER;
+        }
+        if self.tx.halted || self.rx.halted {
+            s |= STATUS_HALTED;
+        }
+        if self.tx.busy {
+            s |= STATUS_TX_BUSY;
+        }
+        if self.rx.busy {
+            s |= STATUS_RX_BUSY;
+        }
+        s
+    }
+
+    /// Raises `cause`; whether an MSI-X should go out now.
+    fn raise(&mut self, cause: u32) -> bool {
+        self.int_status |= cause;
+        cause & !self.int_mask != 0
+    }
+
+    /// Halts `dir`'s engine with `error`; whether to interrupt.
+    fn halt(&mut self, dir: Dir, error: RingError) -> bool {
+        self.ring(dir).halted = true;
+        self.error = error.code();
+        self.raise(INT_ERROR)
+    }
+}
+
+/// What both engines and the register path share.
+struct Device {
+    regs: Mutex<Registers>,
+    wake: Condvar,
+    memory: Arc<dyn GuestMemory>,
+    irq: Arc<dyn InterruptSink>,
+    wire: Wire,
+    mtu: u32,
+    stats: Stats,
+    faults: Mutex<NicInjector>,
+    trace: p2plab_trace::Tracer,
+    stopping: AtomicBool,
+}
+
+impl Device {
+    fn lock(&self) -> MutexGuard<'_, Registers> {
+        // Plain data: a panic elsewhere leaves it usable.
+        self.regs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn faults(&self) -> MutexGuard<'_, NicInjector> {
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn interrupt(&self) {
+        Stats::add(&self.stats.interrupts, 1);
+        self.irq.notify(NIC_VECTOR);
+    }
+
+    fn generation(&self, dir: Dir) -> u64 {
+        self.lock().ring(dir).generation
+    }
+
+    /// Halts `dir` if its generation is still `generation`.
+    fn ring_error(&self, dir: Dir, generation: u64, error: RingError) {
+        let notify = {
+            let mut regs = self.lock();
+            if regs.ring(dir).generation != generation {
+                return;
+            }
+            Stats::add(&self.stats.ring_errors, 1);
+            regs.halt(dir, error)
+        };
+        tracing::debug!(ring = dir.name(), error = error.name(), "ring halted");
+        if notify {
+            self.interrupt();
+        }
+    }
+
+    /// Writes a descriptor's result (length first, status last) and
+    /// retires it, unless the ring moved on meanwhile.
+    fn complete(&self, work: Work, desc_irq: bool, status: Status, done_len: u32, drop_irq: bool) {
+        let Work {
+            dir,
+            generation,
+            slot,
+        } = work;
+        if self.generation(dir) != generation {
+            return;
+        }
+        let written = self
+            .memory
+            .write_u32(slot + DESC_DONE_LEN, done_len)
+            .and_then(|()| {
+                self.memory
+                    .write(slot + DESC_STATUS, &status.code().to_le_bytes())
+            });
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "descriptor write-back failed");
+            Stats::add(&self.stats.dma_errors, 1);
+            self.ring_error(dir, generation, RingError::RingDma);
+            return;
+        }
+        let notify = {
+            let mut regs = self.lock();
+            let ring = regs.ring(dir);
+            if ring.generation != generation {
+                return;
+            }
+            ring.head = (ring.head + 1) % ring.size.max(1);
+            desc_irq && regs.raise(dir.cause())
+        };
+        if status != Status::Ok {
+            let counter = match dir {
+                Dir::Tx => &self.stats.tx_errors,
+                Dir::Rx => &self.stats.rx_errors,
+            };
+            Stats::add(counter, 1);
+        }
+        self.trace.record(dir.name(), || {
+            serde_json::json!({"name": format!("{} {}", dir.name(), status.name()), "len": done_len})
+        });
+        if notify {
+            if drop_irq {
+                Stats::add(&self.stats.dropped_interrupts, 1);
+            } else {
+                self.interrupt();
+            }
+        }
+        // Each completion may let the other side of a loopback go on.
+        self.wake.notify_all();
+    }
+
+    /// Waits until `dir` has a descriptor to work on; its generation, slot
+    /// and the frame limit, or `None` at shutdown.
+    fn next_descriptor(&self, dir: Dir) -> Option<(u64, u64)> {
+        let mut regs = self.lock();
+        // Whatever the engine held is done with (or abandoned).
+        regs.ring(dir).busy = false;
+        loop {
+            if regs.shutdown {
+                return None;
+            }
+            let bus_master = regs.bus_master;
+            let ring = regs.ring(dir);
+            if ring.runnable(bus_master) {
+                ring.busy = true;
+                return Some((ring.generation, ring.slot()));
+            }
+            regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Reads and parses the descriptor at `slot`; `Err(None)` when the
+    /// ring halted.
+    fn fetch(
+        &self,
+        dir: Dir,
+        generation: u64,
+        slot: u64,
+    ) -> Result<Descriptor, Option<(bool, Status)>> {
+        let mut raw = [0u8; DESC_SIZE as usize];
+        if let Err(e) = self.memory.read(slot, &mut raw) {
+            tracing::debug!(error = %e, "descriptor fetch failed");
+            Stats::add(&self.stats.dma_errors, 1);
+            self.ring_error(dir, generation, RingError::RingDma);
+            return Err(None);
+        }
+        let irq = u16::from_le_bytes([raw[DESC_FLAGS as usize], raw[DESC_FLAGS as usize + 1]])
+            & DESC_FLAG_IRQ
+            != 0;
+        Descriptor::parse(&raw, self.mtu, dir == Dir::Tx).map_err(|e| {
+            tracing::debug!(ring = dir.name(), error = ?e, "bad descriptor");
+            Some((irq, e.status()))
+        })
+    }
+
+    /// What the RX engine does next: fill the descriptor at a slot, drop
+    /// incoming frames (RX disabled), or stop.
+    fn rx_next(&self) -> RxWait {
+        let mut regs = self.lock();
+        regs.rx.busy = false;
+        loop {
+            if regs.shutdown {
+                return RxWait::Stop;
+            }
+            let bus_master = regs.bus_master;
+            let ring = &mut regs.rx;
+            if ring.runnable(bus_master) {
+                ring.busy = true;
+                return RxWait::Work(ring.generation, ring.slot());
+            }
+            if !ring.enabled {
+                return RxWait::Drain;
+            }
+            // Enabled with no buffer (or no bus master): hold the wire.
+            regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn count_peer(&self, counter: &std::sync::atomic::AtomicU64, addr: u64, len: u64) {
+        if self.memory.locate(addr, len) == BusTarget::PeerBar {
+            Stats::add(counter, len);
+        }
+    }
+}
+
+fn tx_engine(device: &Device) {
+    while let Some((generation, slot)) = device.next_descriptor(Dir::Tx) {
+        let desc = match device.fetch(Dir::Tx, generation, slot) {
+            Ok(desc) => desc,
+            Err(None) => continue,
+            Err(Some((irq, status))) => {
+                device.complete(
+                    Work {
+                        dir: Dir::Tx,
+                        generation,
+                        slot,
+                    },
+                    irq,
+                    status,
+                    0,
+                    false,
+                );
+                continue;
+            }
+        };
+        let mut payload = vec![0u8; desc.len as usize];
+        if let Err(e) = device.memory.read(desc.addr, &mut payload) {
+            tracing::debug!(error = %e, "TX buffer read failed");
+            Stats::add(&device.stats.dma_errors, 1);
+            device.complete(
+                Work {
+                    dir: Dir::Tx,
+                    generation,
+                    slot,
+                },
+                desc.wants_irq(),
+                Status::DmaError,
+                0,
+                false,
+            );
+            continue;
+        }
+        // The buffer is read: from here on the engine touches no guest
+        // buffer for this descriptor (a driver quiescing may go on).
+        device.lock().tx.busy = false;
+        device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
+        let decision = {
+            let mut faults = device.faults();
+            if faults.is_idle() {
+                Default::default()
+            } else {
+                faults.decide()
+            }
+        };
+        if let Some(delay) = decision.delay {
+            Stats::add(&device.stats.wire_delays, 1);
+            std::thread::sleep(delay);
+        }
+        let mut frame = Frame::new(payload);
+        if decision.corrupt {
+            let middle = frame.payload.len() / 2;
+            if let Some(byte) = frame.payload.get_mut(middle) {
+                *byte ^= 0xff;
+            }
+            Stats::add(&device.stats.wire_corrupts, 1);
+        }
+        let status = if decision.drop {
+            Stats::add(&device.stats.wire_drops, 1);
+            Status::Ok
+        } else {
+            let give_up = || {
+                device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != generation
+            };
+            match device.wire.send(frame, &give_up) {
+                Ok(()) => Status::Ok,
+                Err(SendError::LinkDown) => Status::LinkDown,
+                Err(SendError::Stopped) => continue,
+            }
+        };
+        if status == Status::Ok {
+            Stats::add(&device.stats.tx_packets, 1);
+            Stats::add(&device.stats.tx_bytes, desc.len.into());
+        }
+        let done = if status == Status::Ok { desc.len } else { 0 };
+        device.complete(
+            Work {
+                dir: Dir::Tx,
+                generation,
+                slot,
+            },
+            desc.wants_irq(),
+            status,
+            done,
+            decision.drop_interrupt,
+        );
+    }
+}
+
+fn rx_engine(device: &Device) {
+    // A frame taken off the wire and not yet in a buffer: it waits for
+    // the next descriptor (a bad descriptor consumes none).
+    let mut pending: Option<(u64, Frame)> = None;
+    loop {
+        let (generation, slot) = match device.rx_next() {
+            RxWait::Stop => return,
+            RxWait::Drain => {
+                // RX is off: frames arriving now are dropped, as a NIC
+                // with its receiver disabled does.
+                if pending.take().is_some() {
+                    Stats::add(&device.stats.rx_discarded, 1);
+                }
+                if let Some(frame) = device.wire.recv_timeout(RX_POLL) {
+                    // RX may have been enabled while this waited: then the
+                    // frame is the new ring's.
+                    let regs = device.lock();
+                    if regs.rx.enabled {
+                        pending = Some((regs.rx.generation, frame));
+                    } else {
+                        Stats::add(&device.stats.rx_discarded, 1);
+                    }
+                }
+                continue;
+            }
+            RxWait::Work(generation, slot) => (generation, slot),
+        };
+        if pending.as_ref().is_some_and(|(g, _)| *g != generation) {
+            pending = None;
+            Stats::add(&device.stats.rx_discarded, 1);
+        }
+        if pending.is_none() {
+            match device.wire.recv_timeout(RX_POLL) {
+                Some(frame) => pending = Some((generation, frame)),
+                None => continue,
+            }
+        }
+        let work = Work {
+            dir: Dir::Rx,
+            generation,
+            slot,
+        };
+        let desc = match device.fetch(Dir::Rx, generation, slot) {
+            Ok(desc) => desc,
+            Err(None) => continue,
+            Err(Some((irq, status))) => {
+                device.complete(work, irq, status, 0, false);
+                continue;
+            }
+        };
+        let Some((_, frame)) = pending.take() else {
+            continue;
+        };
+        let len = frame.payload.len().min(desc.len as usize);
+        if let Err(e) = device.memory.write(desc.addr, &frame.payload[..len]) {
+            tracing::debug!(error = %e, "RX buffer write failed");
+            Stats::add(&device.stats.dma_errors, 1);
+            device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
+            continue;
+        }
+        device.count_peer(&device.stats.rx_peer_bar_bytes, desc.addr, len as u64);
+        let status = if len < frame.payload.len() {
+            Stats::add(&device.stats.rx_truncated, 1);
+            Status::Truncated
+        } else if !frame.fcs_ok() {
+            Stats::add(&device.stats.rx_fcs_errors, 1);
+            Status::BadFcs
+        } else {
+            Status::Ok
+        };
+        Stats::add(&device.stats.rx_packets, 1);
+        Stats::add(&device.stats.rx_bytes, len as u64);
+        device.complete(work, desc.wants_irq(), status, len as u32, false);
+    }
+}
+
+/// A handle to the NIC's counters, faults and reset that the control
+/// socket's thread can use while the transport owns the device.
+#[derive(Clone)]
+pub struct NicControl(Arc<Device>);
+
+impl std::fmt::Debug for NicControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NicControl").finish_non_exhaustive()
+    }
+}
+
+impl NicControl {
+    /// The counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.0.stats.snapshot()
+    }
+
+    /// Arms a wire fault; returns its ID.
+    pub fn inject(&self, spec: NicFaultSpec) -> u64 {
+        let id = self.0.faults().arm(spec);
+        tracing::info!(id, %spec, "fault armed");
+        id
+    }
+
+    /// Disarms every wire fault.
+    pub fn clear(&self) {
+        self.0.faults().clear();
+    }
+
+    /// The armed faults and how often each fired.
+    pub fn report(&self) -> Vec<ArmedReport> {
+        self.0.faults().report()
+    }
+
+    /// What a function-level reset does.
+    pub fn reset(&self) {
+        reset_device(&self.0);
+    }
+
+    /// Whether the wire has a peer.
+    pub fn link_up(&self) -> bool {
+        self.0.wire.link_up()
+    }
+
+    /// The readable BAR0 registers by name (doorbells left out).
+    pub fn registers(&self) -> Vec<(&'static str, u64)> {
+        REGISTERS
+            .iter()
+            .filter(|(_, offset, _)| ![REG_TX_DOORBELL, REG_RX_DOORBELL].contains(offset))
+            .map(|&(name, offset, wide)| {
+                let low = read_dword(&self.0, offset);
+                let high = if wide {
+                    read_dword(&self.0, offset + 4)
+                } else {
+                    0
+                };
+                (name, u64::from(high) << 32 | u64::from(low))
+            })
+            .collect()
+    }
+
+    /// The device's trace recorder.
+    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.0.trace
+    }
+}
+
+/// The NIC-like device: BAR0 registers and the TX and RX engines.
+pub struct Nic {
+    device: Arc<Device>,
+    engines: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic")
+            .field("mtu", &self.device.mtu)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Nic {
+    /// Builds the NIC on `wire` with frames up to `mtu` bytes and starts
+    /// its engines.
+    pub fn new(
+        wire: Wire,
+        mtu: u32,
+        memory: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+    ) -> io::Result<Self> {
+        let device = Arc::new(Device {
+            regs: Mutex::new(Registers::new()),
+            wake: Condvar::new(),
+            memory,
+            irq,
+            wire,
+            mtu: mtu.clamp(MIN_MTU, MAX_MTU),
+            stats: Stats::default(),
+            faults: Mutex::new(NicInjector::default()),
+            trace: p2plab_trace::Tracer::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let span = tracing::Span::current();
+        let mut engines = Vec::new();
+        for (name, engine) in [("nic-tx", tx_engine as fn(&Device)), ("nic-rx", rx_engine)] {
+            let device = Arc::clone(&device);
+            let span = span.clone();
+            engines.push(
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn(move || {
+                        let _span = span.enter();
+                        engine(&device)
+                    })?,
+            );
+        }
+        Ok(Self { device, engines })
+    }
+
+    /// A handle for the control socket.
+    pub fn control(&self) -> NicControl {
+        NicControl(Arc::clone(&self.device))
+    }
+
+    /// The frame limit in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.device.mtu
+    }
+
+    /// A trapped BAR0 read of any size, assembled from the dwords it
+    /// covers; bytes past the BAR read 0xff.
+    pub fn regs_read(&self, offset: u64, data: &mut [u8]) {
+        for (i, byte) in data.iter_mut().enumerate() {
+            let at = offset.saturating_add(i as u64);
+            *byte = if at < REGS_BAR_SIZE {
+                (read_dword(&self.device, at & !3) >> ((at & 3) * 8)) as u8
+            } else {
+                0xff
+            };
+        }
+    }
+
+    /// A trapped BAR0 write: aligned dwords, or aligned qwords (low dword
+    /// first). Anything else is ignored and counted.
+    pub fn regs_write(&self, offset: u64, data: &[u8]) {
+        let dwords: Vec<(u64, u32)> = match data.len() {
+            4 if offset.is_multiple_of(4) => vec![(offset, le32(data, 0))],
+            8 if offset.is_multiple_of(8) => {
+                vec![(offset, le32(data, 0)), (offset + 4, le32(data, 4))]
+            }
+            _ => {
+                tracing::debug!(
+                    offset,
+                    len = data.len(),
+                    "unsupported register write ignored"
+                );
+                Stats::add(&self.device.stats.bad_register_accesses, 1);
+                return;
+            }
+        };
+        let mut notify = false;
+        {
+            let mut regs = self.device.lock();
+            for (at, value) in dwords {
+                notify |= write_dword(&self.device, &mut regs, at, value);
+            }
+        }
+        self.device.wake.notify_all();
+        if notify {
+            self.device.interrupt();
+        }
+    }
+
+    /// Bus Master Enable changed in the PCI command register.
+    pub fn set_bus_master(&self, enabled: bool) {
+        self.device.lock().bus_master = enabled;
+        self.device.wake.notify_all();
+    }
+
+    /// Device reset: registers to power-on values, work in flight dropped.
+    pub fn reset(&self) {
+        reset_device(&self.device);
+    }
+}
+
+fn reset_device(device: &Device) {
+    {
+        let mut regs = device.lock();
+        let fresh = Registers {
+            bus_master: regs.bus_master,
+            shutdown: regs.shutdown,
+            tx: Ring {
+                generation: regs.tx.generation + 1,
+                busy: regs.tx.busy,
+                ..Ring::default()
+            },
+            rx: Ring {
+                generation: regs.rx.generation + 1,
+                busy: regs.rx.busy,
+                ..Ring::default()
+            },
+            ..Registers::new()
+        };
+        *regs = fresh;
+    }
+    Stats::add(&device.stats.resets, 1);
+    device.wake.notify_all();
+    tracing::info!("device reset");
+    device
+        .trace
+        .record("reset", || serde_json::json!({"name": "device reset"}));
+}
+
+fn le32(data: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    if let Some(src) = data.get(at..at + 4) {
+        w.copy_from_slice(src);
+    }
+    u32::from_le_bytes(w)
+}
+
+fn read_dword(device: &Device, offset: u64) -> u32 {
+    let link = device.wire.link_up();
+    let regs = device.lock();
+    match offset {
+        REG_ID => ID_MAGIC,
+        REG_VERSION => VERSION,
+        REG_MTU => device.mtu,
+        REG_STATUS => regs.status(link),
+        REG_CTRL => regs.ctrl,
+        REG_ERROR => regs.error,
+        REG_SCRATCH => regs.scratch,
+        REG_TX_RING_BASE => regs.tx.base as u32,
+        o if o == REG_TX_RING_BASE + 4 => (regs.tx.base >> 32) as u32,
+        REG_TX_RING_SIZE => regs.tx.size,
+        REG_TX_HEAD => regs.tx.head,
+        REG_TX_TAIL => regs.tx.tail,
+        REG_RX_RING_BASE => regs.rx.base as u32,
+        o if o == REG_RX_RING_BASE + 4 => (regs.rx.base >> 32) as u32,
+        REG_RX_RING_SIZE => regs.rx.size,
+        REG_RX_HEAD => regs.rx.head,
+        REG_RX_TAIL => regs.rx.tail,
+        REG_INT_STATUS => regs.int_status,
+        REG_INT_MASK => regs.int_mask,
+        _ => 0,
+    }
+}
+
+/// One dword write under the lock; whether an interrupt must go out.
+fn write_dword(device: &Device, regs: &mut Registers, offset: u64, value: u32) -> bool {
+    let set_base = |ring: &mut Ring, high: bool| {
+        if !ring.enabled {
+            ring.base = if high {
+                (ring.base & 0xffff_ffff) | u64::from(value) << 32
+            } else {
+                (ring.base & !0xffff_ffff) | u64::from(value)
+            };
+        }
+    };
+    match offset {
+        REG_SCRATCH => regs.scratch = value,
+        REG_CTRL => {
+            let mut notify = false;
+            for (dir, bit) in [(Dir::Tx, CTRL_TX_ENABLE), (Dir::Rx, CTRL_RX_ENABLE)] {
+                let was_halted = regs.ring(dir).halted;
+                notify |= set_enable(regs, dir, value & bit != 0);
+                if regs.ring(dir).halted && !was_halted {
+                    Stats::add(&device.stats.ring_errors, 1);
+                }
+            }
+            regs.ctrl = value & (CTRL_TX_ENABLE | CTRL_RX_ENABLE);
+            return notify;
+        }
+        REG_TX_RING_BASE => set_base(&mut regs.tx, false),
+        o if o == REG_TX_RING_BASE + 4 => set_base(&mut regs.tx, true),
+        REG_RX_RING_BASE => set_base(&mut regs.rx, false),
+        o if o == REG_RX_RING_BASE + 4 => set_base(&mut regs.rx, true),
+        REG_TX_RING_SIZE if !regs.tx.enabled => regs.tx.size = value,
+        REG_RX_RING_SIZE if !regs.rx.enabled => regs.rx.size = value,
+        REG_TX_DOORBELL | REG_RX_DOORBELL => {
+            Stats::add(&device.stats.doorbells, 1);
+            let dir = if offset == REG_TX_DOORBELL {
+                Dir::Tx
+            } else {
+                Dir::Rx
+            };
+            let ring = regs.ring(dir);
+            if !ring.enabled {
+                return false;
+            }
+            if value >= ring.size {
+                Stats::add(&device.stats.ring_errors, 1);
+                return regs.halt(dir, RingError::BadDoorbell);
+            }
+            ring.tail = value;
+        }
+        REG_INT_STATUS => regs.int_status &= !value,
+        REG_INT_MASK => {
+            regs.int_mask = value & INT_ALL;
+            return regs.int_status & !regs.int_mask != 0;
+        }
+        _ => tracing::debug!(
+            offset,
+            value,
+            "write to a read-only or reserved offset ignored"
+        ),
+    }
+    false
+}
+
+/// Enables or disables `dir`'s ring; whether an interrupt must go out.
+fn set_enable(regs: &mut Registers, dir: Dir, enable: bool) -> bool {
+    let ring = regs.ring(dir);
+    match (ring.enabled, enable) {
+        (false, true) => {
+            ring.enabled = true;
+            ring.head = 0;
+            ring.tail = 0;
+            ring.halted = false;
+            if !valid_ring(ring.base, ring.size) {
+                return regs.halt(dir, RingError::BadRing);
+            }
+            regs.error = 0;
+            false
+        }
+        (true, false) => {
+            ring.enabled = false;
+            ring.halted = false;
+            ring.generation += 1;
+            false
+        }
+        _ => false,
+    }
+}
+
+impl Drop for Nic {
+    fn drop(&mut self) {
+        self.device.stopping.store(true, Ordering::SeqCst);
+        self.device.lock().shutdown = true;
+        self.device.wake.notify_all();
+        self.device.wire.shutdown();
+        for engine in self.engines.drain(..) {
+            if engine.join().is_err() {
+                tracing::error!("NIC engine thread panicked");
+            }
+        }
+    }
+}

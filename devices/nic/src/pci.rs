@@ -1,0 +1,147 @@
+//! The NIC as a PCI function: config space and the glue between [`Nic`]
+//! and p2plab-pci's [`PciFunction`].
+
+use std::io;
+use std::sync::{Arc, OnceLock};
+
+use p2plab_dma::GuestMemory;
+use p2plab_pci::{
+    BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
+    InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+};
+use p2plab_vfio_user::DeviceError;
+
+use crate::model::{InterruptSink, Nic};
+use crate::regs::*;
+use crate::wire::Wire;
+
+/// The PCI identity of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicIds {
+    pub vendor_id: u16,
+    pub device_id: u16,
+}
+
+impl Default for NicIds {
+    fn default() -> Self {
+        Self {
+            vendor_id: DEFAULT_VENDOR_ID,
+            device_id: DEFAULT_DEVICE_ID,
+        }
+    }
+}
+
+/// Config space: class 0x0200, BAR0 registers, BAR4 MSI-X, Power
+/// Management, MSI-X and a PCIe endpoint capability (Gen4 x8).
+pub fn config_space(ids: &NicIds) -> Result<ConfigSpace, BuildError> {
+    ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
+        .subsystem(ids.vendor_id, ids.device_id)
+        .class_code(CLASS_CODE.0, CLASS_CODE.1, CLASS_CODE.2)
+        .revision(REVISION_ID)
+        .bar(usize::from(REGS_BAR), BarSpec::memory32(REGS_BAR_SIZE))
+        .bar(usize::from(MSIX_BAR), BarSpec::memory32(MSIX_BAR_SIZE))
+        .power_management()
+        .msix(MsixCapSpec {
+            vectors: MSIX_VECTORS,
+            table_bar: MSIX_BAR,
+            table_offset: MSIX_TABLE_OFFSET,
+            pba_bar: MSIX_BAR,
+            pba_offset: MSIX_PBA_OFFSET,
+        })
+        .pcie(PcieCapSpec {
+            link_speed: LinkSpeed::Gen4,
+            link_width: 8,
+            max_payload_size: 256,
+        })
+        .build()
+}
+
+/// Forwards engine interrupts to the function's interrupt controller,
+/// which exists only once the [`PciFunction`] is built.
+#[derive(Debug, Default)]
+struct LateInterrupts(OnceLock<Arc<InterruptController>>);
+
+impl InterruptSink for LateInterrupts {
+    fn notify(&self, vector: u16) {
+        match self.0.get().map(|irq| irq.notify(vector)) {
+            Some(Delivery::Signalled) => tracing::trace!(vector, "MSI-X sent"),
+            Some(Delivery::Pending) => tracing::debug!(vector, "interrupt pending (masked)"),
+            Some(Delivery::Dropped) | None => {
+                tracing::debug!(vector, "interrupt dropped: no MSI-X/INTx enabled and bound")
+            }
+        }
+    }
+}
+
+/// [`Nic`] seen through p2plab-pci's [`PciModel`].
+#[derive(Debug)]
+pub struct NicFunction {
+    nic: Nic,
+}
+
+impl NicFunction {
+    /// The device model.
+    pub fn nic(&self) -> &Nic {
+        &self.nic
+    }
+}
+
+/// Builds the whole PCI function; the engines reach guest memory through
+/// `memory` and frames go out on `wire`.
+pub fn nic_function(
+    ids: &NicIds,
+    wire: Wire,
+    mtu: u32,
+    memory: Arc<dyn GuestMemory>,
+) -> Result<PciFunction<NicFunction>, NicError> {
+    let config = config_space(ids).map_err(|e| NicError::Config(e.0))?;
+    let irq = Arc::new(LateInterrupts::default());
+    let nic = Nic::new(wire, mtu, memory, irq.clone()).map_err(NicError::Thread)?;
+    Ok(PciFunction::new(config, |controller| {
+        // The cell is fresh, so this cannot fail.
+        let _ = irq.0.set(controller);
+        NicFunction { nic }
+    }))
+}
+
+/// Why the PCI function could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum NicError {
+    #[error("bad PCI configuration: {0}")]
+    Config(String),
+    #[error("cannot start the engine threads: {0}")]
+    Thread(#[source] io::Error),
+}
+
+impl PciModel for NicFunction {
+    fn bar_read(&mut self, bar: u8, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
+        match bar {
+            REGS_BAR => {
+                self.nic.regs_read(offset, data);
+                Ok(())
+            }
+            _ => Err(DeviceError::invalid("no such BAR")),
+        }
+    }
+
+    fn bar_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        match bar {
+            REGS_BAR => {
+                self.nic.regs_write(offset, data);
+                Ok(())
+            }
+            _ => Err(DeviceError::invalid("no such BAR")),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.nic.set_bus_master(false);
+        self.nic.reset();
+    }
+
+    fn config_changed(&mut self, change: &ConfigChange) {
+        if let ConfigChange::CommandChanged { new, .. } = change {
+            self.nic.set_bus_master(new.bus_master());
+        }
+    }
+}
