@@ -40,6 +40,10 @@
 //!    driver imports it by fd with allow_peer2peer, and the exporter's
 //!    invalidate_mappings revokes it. Catches: an importer that ignores
 //!    invalidation or maps a non-P2P attachment.
+//! 7. Unbinding the GPU driver mid-transfer (256 MiB, GPU memory both
+//!    sides): both regions are revoked (one quiesce per NIC), the next post
+//!    fails with ENOLINK, and after a rebind a GPU transfer works. Catches:
+//!    a NIC driver that keeps DMAing into a GPU whose driver went away.
 
 mod common;
 
@@ -144,6 +148,26 @@ p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --
 say DMABUF_AFTER_EXIT $?
 facts DMABUF_AFTER < /tmp/b3
 
+# --- 7. revocation by unbinding the GPU driver mid-transfer, then rebinding ---
+gpubdf=$(basename "$(readlink -f /sys/class/p2plab-gpu/p2plab-gpu0/device)")
+base0=$(quiesced 0); base1=$(quiesced 1)
+rm -f /tmp/go
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
+  --size @GPU_SIZE@ --post @GPU_POST@ --signal-after 2 /tmp/go --seed 37 > /tmp/u1 &
+pid=$!
+i=0; until [ -e /tmp/go ]; do sleep 0.1; i=$((i+1)); [ $i -lt 1200 ] || break; done
+echo "$gpubdf" > /sys/bus/pci/drivers/p2plab_gpu/unbind; say UNBIND_STATUS $?
+wait $pid; say UNBIND_EXIT $?
+facts UNBIND < /tmp/u1
+say UNBIND_LINES_NIC0 $(( $(quiesced 0) - base0 ))
+say UNBIND_LINES_NIC1 $(( $(quiesced 1) - base1 ))
+echo "$gpubdf" > /sys/bus/pci/drivers/p2plab_gpu/bind; say REBIND_STATUS $?
+sleep 1
+p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
+  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 41 > /tmp/u2
+say REBIND_XFER_EXIT $?
+facts REBIND_XFER < /tmp/u2
+
 say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace')"
 dmesg | grep p2plab_nic | tail -n 10
 exit 0
@@ -234,6 +258,19 @@ fn ram_to_ram_over_the_wire() {
     run.expect("DMABUF_AFTER_EXIT", "0");
     run.expect("DMABUF_AFTER_VERIFY", "ok");
 
+    // 7. Unbinding the GPU driver mid-transfer revokes both regions (one
+    // quiesce on each NIC), the next post fails with ENOLINK, and after a
+    // rebind GPU transfers work again.
+    run.expect("UNBIND_STATUS", "0");
+    run.expect("UNBIND_EXIT", "1");
+    run.expect("UNBIND_POST_ERRNO", ENOLINK);
+    assert!(run.fact_u64("UNBIND_SIGNALLED_AFTER_RX") >= 2);
+    run.expect("UNBIND_LINES_NIC0", "1");
+    run.expect("UNBIND_LINES_NIC1", "1");
+    run.expect("REBIND_STATUS", "0");
+    run.expect("REBIND_XFER_EXIT", "0");
+    run.expect("REBIND_XFER_VERIFY", "ok");
+
     // The servers' side: nic0 sent, nic1 received. The abandoned RAM
     // transfer and the revoked GPU one add frames in a known range (those
     // the engines took before the drivers stopped them), and what nic0
@@ -241,8 +278,8 @@ fn ram_to_ram_over_the_wire() {
     let ram_frames = frames + 2 * ((1u64 << 20) / PAGE);
     let total_bytes = SIZE + 2 * (1 << 20);
     let abandoned_max = (4u64 << 20) / PAGE;
-    let gpu_frames = (GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE) / MTU;
-    let revoked_max = 2 * REVOKE_SIZE / MTU;
+    let gpu_frames = (GPU_SIZE + 3 * AFTER_SIZE + DMABUF_SIZE) / MTU;
+    let revoked_max = (2 * REVOKE_SIZE + GPU_SIZE) / MTU;
     let least = ram_frames + gpu_frames;
     let nic0 = stats(&run, "nic0");
     let nic1 = stats(&run, "nic1");
@@ -252,7 +289,7 @@ fn ram_to_ram_over_the_wire() {
         "{nic0}"
     );
     assert!(
-        counter(&nic0, "tx_bytes") >= total_bytes + GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE,
+        counter(&nic0, "tx_bytes") >= total_bytes + GPU_SIZE + 3 * AFTER_SIZE + DMABUF_SIZE,
         "{nic0}"
     );
     let received = counter(&nic1, "rx_packets");
@@ -283,8 +320,8 @@ fn ram_to_ram_over_the_wire() {
     // GPU memory: what the NICs moved for the GPU phases went to and from
     // gpu0's BAR (by message, or the zero-copy peer path), not RAM. RAM
     // saw only the RAM phases, the abandoned posts and descriptors.
-    let gpu_min = GPU_SIZE + 2 * AFTER_SIZE + DMABUF_SIZE;
-    let gpu_max = gpu_min + 2 * REVOKE_SIZE;
+    let gpu_min = GPU_SIZE + 3 * AFTER_SIZE + DMABUF_SIZE;
+    let gpu_max = gpu_min + 2 * REVOKE_SIZE + GPU_SIZE;
     let in_range = |v: u64| (gpu_min..=gpu_max).contains(&v);
     assert!(in_range(counter(&nic0, "tx_peer_bar_bytes")), "{nic0}");
     assert!(in_range(counter(&nic1, "rx_peer_bar_bytes")), "{nic1}");

@@ -401,3 +401,44 @@ fn engines_run_on_after_reset() {
     assert_eq!(got.to_vec(), pattern(32, 6), "a stale frame was delivered");
     assert_eq!(rig.nic.control().stats().rx_packets, 1);
 }
+
+/// Would catch a TX engine that reports itself busy (so a quiescing
+/// driver times out) while it only waits for the wire, or one that cannot
+/// be stopped while the peer does not read: the buffer is read before the
+/// engine waits, TX_BUSY is clear while it waits, and disabling TX makes
+/// it give up the frame without completing it.
+#[test]
+fn a_stalled_wire_holds_no_buffer() {
+    // The other end exists but nobody reads it: its queue (8 frames) fills.
+    let (ours, _theirs) = Wire::pair();
+    let mut rig = Rig::new(ours);
+    for round in 0..2u64 {
+        let slots: Vec<u64> = (0..u64::from(ENTRIES - 1))
+            .map(|i| rig.post(true, BUFFERS, 1024, round * 100 + i))
+            .collect();
+        if round == 0 {
+            for slot in slots {
+                assert_eq!(rig.wait_done(slot).0, Status::Ok.code());
+            }
+            continue;
+        }
+        // One more frame fits in the queue; the next one waits.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rig.nic.control().stats().tx_packets < 8 {
+            assert!(Instant::now() < deadline, "the queue did not fill");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waiting = slots[1];
+        rig.assert_pending(waiting, 100);
+        assert_eq!(rig.nic.control().stats().tx_packets, 8);
+        assert_eq!(
+            rig.read32(REG_STATUS) & STATUS_TX_BUSY,
+            0,
+            "TX_BUSY while only waiting for the wire"
+        );
+        rig.write32(REG_CTRL, CTRL_RX_ENABLE);
+        rig.assert_pending(waiting, 100);
+        assert_eq!(rig.nic.control().stats().tx_packets, 8);
+        assert_eq!(rig.read32(REG_STATUS) & STATUS_TX_ENABLED, 0);
+    }
+}

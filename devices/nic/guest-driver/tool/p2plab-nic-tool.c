@@ -26,6 +26,8 @@
  *       POSTS receives completed, with posts outstanding (revocation);
  *       the run then stops at the first failed post (post_errno) and
  *       reports the completions it got (rx_revoked).
+ *       --signal-after POSTS FILE: create FILE once POSTS receives completed
+ *       (so a script can act mid-transfer, e.g. unbind the GPU driver).
  *       --abandon: post what fits and exit at once without polling, so the
  *       driver's release path must quiesce the rings with posts outstanding.
  *
@@ -257,7 +259,8 @@ static int xfer(int argc, char **argv)
 	struct tally tx = { 0 }, rx = { 0 };
 	struct region s, d;
 	uint32_t seed = 1, src_crc = 0, dst_crc = 0, revoked_wcs = 0;
-	uint64_t free_after = 0;
+	uint64_t free_after = 0, signal_after = 0;
+	const char *signal_file = NULL;
 	const char *gpup = "/dev/p2plab-gpu0";
 	int txfd, rxfd, i, abandon = 0, gpu = -1, freed = 0;
 	double t0, ms;
@@ -283,6 +286,14 @@ static int xfer(int argc, char **argv)
 		else if (!strcmp(a, "--seed")) seed = strtoul(v, NULL, 0);
 		else if (!strcmp(a, "--gpu")) gpup = v;
 		else if (!strcmp(a, "--free-dst-after")) free_after = strtoull(v, NULL, 0);
+		else if (!strcmp(a, "--signal-after")) {
+			signal_after = strtoull(v, NULL, 0);
+			if (i + 2 >= argc) {
+				fprintf(stderr, "p2plab-nic-tool: --signal-after needs POSTS FILE\n");
+				return 2;
+			}
+			signal_file = argv[++i + 1];
+		}
 		else {
 			fprintf(stderr, "p2plab-nic-tool: unknown option %s\n", a);
 			return 2;
@@ -357,6 +368,15 @@ static int xfer(int argc, char **argv)
 			if (rxfd != txfd)
 				reap(rxfd, 500, &tx, &rx);
 			break;
+		}
+		if (signal_file && rx.done >= signal_after) {
+			int fd = open(signal_file, O_WRONLY | O_CREAT, 0644);
+
+			if (fd < 0)
+				die(signal_file);
+			close(fd);
+			printf("signalled_after_rx=%" PRIu64 "\n", rx.done);
+			signal_file = NULL;
 		}
 		if (free_after && !freed && rx.done >= free_after) {
 			if (ioctl(gpu, P2PLAB_GPU_IOC_FREE, &d.gpu_handle))

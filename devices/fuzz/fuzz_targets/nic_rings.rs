@@ -1,0 +1,151 @@
+//! The NIC model's TX and RX rings as a hostile guest drives them over a
+//! loopback wire: register writes (ring bases, sizes, control, doorbells,
+//! interrupt bits) with any value, descriptors with any fields (buffers
+//! optionally steered into guest RAM so frames really move), wire faults
+//! armed, Bus Master Enable toggled, resets, in any order. Both engines
+//! run on their own threads.
+//!
+//! Catches a panic or overflow anywhere in the model, the descriptor
+//! parser or the wire (libFuzzer aborts on a panic in any thread;
+//! overflow checks are on), an engine that never lets go (the target
+//! drops the NIC, which joins both threads; libFuzzer's -timeout), and a
+//! device that counts more frames received than were sent on its wire.
+#![no_main]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libfuzzer_sys::fuzz_target;
+use p2plab_dma::testing::FakeGuestMemory;
+use p2plab_dma::GuestMemory;
+use p2plab_nic::descriptor::encode;
+use p2plab_nic::regs::*;
+use p2plab_nic::{InterruptSink, Nic, Wire};
+
+const RAM: u64 = 0x1_0000_0000;
+const RAM_SIZE: u64 = 256 << 10;
+const TX_RING: u64 = RAM;
+const RX_RING: u64 = RAM + 0x1000;
+const BUFFERS: u64 = RAM + 0x2000;
+const MAX_STEERED_LEN: u64 = 16 << 10;
+
+struct NoIrq;
+
+impl InterruptSink for NoIrq {
+    fn notify(&self, _vector: u16) {}
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        let mut v = [0u8; 4];
+        for b in &mut v {
+            *b = self.u8()?;
+        }
+        Some(u32::from_le_bytes(v))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from(self.u32()?) | u64::from(self.u32()?) << 32)
+    }
+}
+
+const REGS: &[u64] = &[
+    REG_CTRL,
+    REG_SCRATCH,
+    REG_TX_RING_BASE,
+    REG_TX_RING_SIZE,
+    REG_TX_DOORBELL,
+    REG_RX_RING_BASE,
+    REG_RX_RING_SIZE,
+    REG_RX_DOORBELL,
+    REG_INT_STATUS,
+    REG_INT_MASK,
+    REG_ID,
+    0xffc,
+];
+
+fuzz_target!(|data: &[u8]| {
+    let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE as usize));
+    let Ok(nic) = Nic::new(Wire::loopback(), MIN_MTU * 16, ram.clone(), Arc::new(NoIrq)) else {
+        return;
+    };
+    nic.set_bus_master(true);
+    let mut input = Bytes(data);
+    let mut steps = 0;
+    while let Some(op) = input.u8() {
+        steps += 1;
+        if steps > 64 {
+            break;
+        }
+        match op % 8 {
+            // A register write with any value.
+            0 | 1 => {
+                let Some(reg) = input.u8() else { break };
+                let Some(value) = input.u64() else { break };
+                let offset = REGS[usize::from(reg) % REGS.len()];
+                if reg & 0x80 != 0 {
+                    nic.regs_write(offset, &value.to_le_bytes());
+                } else {
+                    nic.regs_write(offset, &(value as u32).to_le_bytes());
+                }
+            }
+            // Sane rings, both engines on.
+            2 => {
+                nic.regs_write(REG_TX_RING_BASE, &TX_RING.to_le_bytes());
+                nic.regs_write(REG_TX_RING_SIZE, &16u32.to_le_bytes());
+                nic.regs_write(REG_RX_RING_BASE, &RX_RING.to_le_bytes());
+                nic.regs_write(REG_RX_RING_SIZE, &16u32.to_le_bytes());
+                nic.regs_write(REG_INT_MASK, &0u32.to_le_bytes());
+                nic.regs_write(REG_CTRL, &(CTRL_TX_ENABLE | CTRL_RX_ENABLE).to_le_bytes());
+            }
+            // A descriptor with any fields, or one steered into RAM.
+            3 => {
+                let Some(slot) = input.u8() else { break };
+                let Some(addr) = input.u64() else { break };
+                let Some(len) = input.u32() else { break };
+                let Some(flags) = input.u8() else { break };
+                let ring = if slot & 0x80 != 0 { RX_RING } else { TX_RING };
+                let (addr, len) = if slot & 0x40 != 0 {
+                    (
+                        BUFFERS + addr % (RAM_SIZE - 0x2000 - MAX_STEERED_LEN),
+                        len % MAX_STEERED_LEN as u32,
+                    )
+                } else {
+                    (addr, len)
+                };
+                let at = ring + u64::from(slot % 16) * DESC_SIZE;
+                let _ = ram.write(at, &encode(addr, len, u16::from(flags), 0));
+            }
+            // Scribble guest RAM (rings included).
+            4 => {
+                let Some(at) = input.u32() else { break };
+                let Some(byte) = input.u8() else { break };
+                let _ = ram.write(RAM + u64::from(at) % RAM_SIZE, &[byte]);
+            }
+            5 => nic.set_bus_master(op & 0x10 != 0),
+            6 => nic.reset(),
+            _ => {
+                let spec = ["drop,count=1", "corrupt,count=1", "delay=1ms,count=1", "drop-irq"]
+                    [usize::from(op >> 4) % 4];
+                if let Ok(spec) = spec.parse() {
+                    nic.control().inject(spec);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let stats = nic.control().stats();
+    assert!(
+        stats.rx_packets + stats.rx_discarded <= stats.tx_packets,
+        "received more than was sent: {stats:?}"
+    );
+    drop(nic);
+});
