@@ -418,6 +418,11 @@ fn stats_value(
                 "peer_inbound_read_bytes": inbound.read,
                 "peer_path": u64::from(peers.is_some()),
                 "peer_placement_changes": peers.map_or(0, |p| p.placement_changes()),
+                "peer_windows": dma
+                    .peer_windows()
+                    .iter()
+                    .map(|(gpa, len)| serde_json::json!({ "gpa": gpa, "len": len }))
+                    .collect::<Vec<_>>(),
             }),
         );
     }
