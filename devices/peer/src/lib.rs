@@ -449,6 +449,9 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
 /// acknowledgements until it goes away.
 fn welcome(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
     stream.set_nonblocking(false)?;
+    // A user that stops reading cannot hold a config write (and the owner
+    // lock) longer than an ACK may take.
+    stream.set_write_timeout(Some(shared.config.ack_timeout))?;
     let conn = Arc::new(OwnerConn {
         stream,
         counters: CounterPage::create()?,
