@@ -372,7 +372,10 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let result = server.run(&mut function);
     controller.flush_all();
     drop(function);
-    drop(peers);
+    // Peers drop their windows on our CMB as the connections close.
+    if let Some(peers) = &peers {
+        peers.close();
+    }
     running.finish();
     info!("p2plab-nvme exiting");
     result?;
