@@ -133,10 +133,20 @@ bash /mnt/host/guest-smoke.sh > /run/p2plab/smoke.out 2>&1; echo "SMOKE_STATUS=$
 sed -n 's/^SMOKE_/SMOKE_/p' /run/p2plab/smoke.out
 grep '^FAIL' /run/p2plab/smoke.out
 
-# 8. The GPU's BAR goes away and comes back (remove + rescan): memory
-#    decode off, the BAR re-sized and re-assigned, decode on. The peer path
-#    follows, and 8 MiB moved afterwards land in VRAM.
-echo "MOVE_OLD_BAR2=$(sed -n 3p $gpu/resource | cut -d' ' -f1)"
+# 8. The GPU's BAR moves: driver unbound, memory decode off, BAR2
+#    reprogrammed 1 GiB higher, decode on (nvme0's peer window must be
+#    there when setpci returns); then remove + rescan puts the device back
+#    where the kernel wants it. 8 MiB moved afterwards land in VRAM.
+old_bar2=$(sed -n 3p $gpu/resource | cut -d' ' -f1)
+echo "MOVE_OLD_BAR2=$old_bar2"
+moved=$((old_bar2 + 0x40000000))
+echo "MOVE_SETPCI_BAR2=$moved"
+echo $gpu_bdf > /sys/bus/pci/drivers/p2plab_gpu/unbind; echo "MOVE_UNBIND_STATUS=$?"
+setpci -s $gpu_bdf COMMAND=0:2 \
+  && setpci -s $gpu_bdf BASE_ADDRESS_2=$(printf '%08x' $((moved & 0xffffffff))) \
+  && setpci -s $gpu_bdf BASE_ADDRESS_3=$(printf '%08x' $((moved >> 32))) \
+  && setpci -s $gpu_bdf COMMAND=2:2; echo "MOVE_SETPCI_STATUS=$?"
+p2plab-ctl nvme0 status --json > /run/p2plab/moved-status.json; echo "MOVE_CTL_STATUS=$?"
 echo 1 > $gpu/remove; echo "MOVE_REMOVE_STATUS=$?"
 echo 1 > /sys/bus/pci/rescan; echo "MOVE_RESCAN_STATUS=$?"
 sleep 1
@@ -357,12 +367,32 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
         run.expect(fact, "0");
     }
     run.expect("MOVE_PUBLISHED", "1");
+    // Right after setpci moved BAR2, nvme0's only peer window was the GPU's
+    // VRAM at the new address (the move reached it before the config
+    // write completed).
+    for fact in [
+        "MOVE_UNBIND_STATUS",
+        "MOVE_SETPCI_STATUS",
+        "MOVE_CTL_STATUS",
+    ] {
+        run.expect(fact, "0");
+    }
+    let moved_text = run.file("guest/moved-status.json");
+    let moved: Value =
+        serde_json::from_str(&moved_text).unwrap_or_else(|e| panic!("{e}: {moved_text}"));
+    let windows = &moved["dma"]["peer_windows"];
+    assert_eq!(
+        windows,
+        &serde_json::json!([{ "gpa": run.fact_u64("MOVE_SETPCI_BAR2"), "len": 1u64 << 30 }]),
+        "{moved}"
+    );
+    assert_ne!(run.fact_u64("MOVE_SETPCI_BAR2"), bar2_start);
     run.expect("MOVE_ERRORS", "0");
     assert_eq!(run.fact_u64("MOVE_BYTES"), 8 << 20);
     run.expect("MOVE_GPU_CRC", run.fact("MOVE_EXPECTED_CRC"));
     assert!(
-        counter(&gpu, "peer_placement_changes") >= 3,
-        "placed, off at the remove, on at the rescan: {gpu}"
+        counter(&gpu, "peer_placement_changes") >= 5,
+        "placed, off and moved by setpci, off and on by the rescan: {gpu}"
     );
     let gpu = stats(&run, "gpu0");
     assert!(

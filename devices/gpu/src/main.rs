@@ -202,7 +202,9 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let result = server.run(&mut function);
     drop(function);
     // Peers drop their windows on our VRAM as the connections close.
-    drop(peers);
+    if let Some(peers) = &peers {
+        peers.close();
+    }
 
     let json = running.finish();
     info!(stats = %json, "p2plab-gpu exiting");

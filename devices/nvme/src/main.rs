@@ -372,7 +372,10 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let result = server.run(&mut function);
     controller.flush_all();
     drop(function);
-    drop(peers);
+    // Peers drop their windows on our CMB as the connections close.
+    if let Some(peers) = &peers {
+        peers.close();
+    }
     running.finish();
     info!("p2plab-nvme exiting");
     result?;
@@ -418,6 +421,11 @@ fn stats_value(
                 "peer_inbound_read_bytes": inbound.read,
                 "peer_path": u64::from(peers.is_some()),
                 "peer_placement_changes": peers.map_or(0, |p| p.placement_changes()),
+                "peer_windows": dma
+                    .peer_windows()
+                    .iter()
+                    .map(|(gpa, len)| serde_json::json!({ "gpa": gpa, "len": len }))
+                    .collect::<Vec<_>>(),
             }),
         );
     }

@@ -198,7 +198,7 @@ struct Shared {
 /// drop our windows and we drop theirs) and removes the socket.
 pub struct PeerRegistry {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for PeerRegistry {
@@ -296,7 +296,10 @@ impl PeerRegistry {
                 .name("peer-scan".into())
                 .spawn(move || scan_loop(&s))?,
         );
-        Ok(Self { shared, threads })
+        Ok(Self {
+            shared,
+            threads: Mutex::new(threads),
+        })
     }
 
     /// The socket peers connect to.
@@ -393,10 +396,15 @@ impl PeerRegistry {
     }
 }
 
-impl Drop for PeerRegistry {
-    fn drop(&mut self) {
+impl PeerRegistry {
+    /// Closes every connection (peers drop their windows on our memory,
+    /// we drop ours on theirs) and removes the socket. Dropping the
+    /// registry does the same; a server calls this on its way out, where
+    /// clones of the registry may still be held.
+    pub fn close(&self) {
         self.shared.stop.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
             let _ = t.join();
         }
         let conns = std::mem::take(&mut lock(&self.shared.owner).conns);
@@ -417,9 +425,20 @@ impl Drop for PeerRegistry {
     }
 }
 
+impl Drop for PeerRegistry {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 fn spawn_reader(shared: &Arc<Shared>, name: &str, f: impl FnOnce() + Send + 'static) {
     match std::thread::Builder::new().name(name.into()).spawn(f) {
-        Ok(h) => lock(&shared.readers).push(h),
+        Ok(h) => {
+            let mut readers = lock(&shared.readers);
+            // Threads of connections gone have ended: forget them.
+            readers.retain(|r| !r.is_finished());
+            readers.push(h);
+        }
         Err(e) => warn!("cannot start a peer thread: {e}"),
     }
 }
@@ -449,6 +468,9 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
 /// acknowledgements until it goes away.
 fn welcome(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
     stream.set_nonblocking(false)?;
+    // A user that stops reading cannot hold a config write (and the owner
+    // lock) longer than an ACK may take.
+    stream.set_write_timeout(Some(shared.config.ack_timeout))?;
     let conn = Arc::new(OwnerConn {
         stream,
         counters: CounterPage::create()?,

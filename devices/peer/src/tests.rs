@@ -101,6 +101,7 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
     );
 
     gpu.set_placement(2, Some(PLACE_B));
+    assert_eq!(nvme_dma.peer_windows(), vec![(PLACE_B, BAR_SIZE)]);
     assert_eq!(nvme_dma.classify(PLACE_A, 4096), DmaTarget::Unmapped);
     assert!(matches!(
         nvme_dma.classify(PLACE_B, 4096),

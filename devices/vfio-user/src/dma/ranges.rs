@@ -422,6 +422,17 @@ impl DmaSpace {
             .map(|w| (w.gpa, w.len))
     }
 
+    /// Every peer window as (gpa, len), in address order (for stats and
+    /// tests: where this device reaches its peers' memory directly).
+    pub fn peer_windows(&self) -> Vec<(u64, u64)> {
+        self.map()
+            .windows
+            .values()
+            .filter(|w| w.peer)
+            .map(|w| (w.gpa, w.len))
+            .collect()
+    }
+
     /// Closes a window that left the map and waits for its accesses.
     fn drain_window(&self, window: &LocalWindow) -> Result<(), DmaError> {
         window.users.remove();
