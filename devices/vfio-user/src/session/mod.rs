@@ -17,7 +17,8 @@
 //! header's size says how many) before it is judged, so a refused message
 //! never leaves bytes behind for the next one. Only a header that cannot
 //! describe a message (size below 16, or beyond any limit we could ever
-//! negotiate) ends the connection.
+//! negotiate), or a reply that does not fit our request (below), ends the
+//! connection.
 
 use std::borrow::Cow;
 use std::os::fd::{OwnedFd, RawFd};
