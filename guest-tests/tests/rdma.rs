@@ -24,9 +24,11 @@
 //!    registered through the GPU driver's peer-memory API (mapped as bus
 //!    addresses under the switch), the source filled and both sides
 //!    checksummed by the GPU's engine; the CRCs match and the servers'
-//!    counters show the payload went to and from gpu0's BAR, not RAM.
+//!    counters show the payload went to and from gpu0's BAR, not RAM, by
+//!    the zero-copy peer path (no DMA message through QEMU).
 //!    Catches: a NIC or driver that bounces through RAM, a peer mapping
-//!    with wrong addresses, frames cut differently on both sides.
+//!    with wrong addresses, frames cut differently on both sides, a NIC
+//!    server that does not join the peer registry.
 //! 5. Revocation: the destination allocation is freed on the GPU while
 //!    receives are outstanding. The NIC driver's free callback quiesces
 //!    nic1 (one "DMA quiesced" line; nic0's source is revoked the same way
@@ -318,19 +320,24 @@ fn ram_to_ram_over_the_wire() {
     );
 
     // GPU memory: what the NICs moved for the GPU phases went to and from
-    // gpu0's BAR (by message, or the zero-copy peer path), not RAM. RAM
+    // gpu0's BAR, not RAM. RAM
     // saw only the RAM phases, the abandoned posts and descriptors.
     let gpu_min = GPU_SIZE + 3 * AFTER_SIZE + DMABUF_SIZE;
     let gpu_max = gpu_min + 2 * REVOKE_SIZE + GPU_SIZE;
     let in_range = |v: u64| (gpu_min..=gpu_max).contains(&v);
     assert!(in_range(counter(&nic0, "tx_peer_bar_bytes")), "{nic0}");
     assert!(in_range(counter(&nic1, "rx_peer_bar_bytes")), "{nic1}");
-    let peer = |v: &serde_json::Value, dir: &str| {
-        counter(v, &format!("dma_message_{dir}_bytes"))
-            + v[format!("dma_peer_{dir}_bytes")].as_u64().unwrap_or(0)
-    };
-    assert!(peer(&nic0, "read") >= gpu_min, "{nic0}");
-    assert!(peer(&nic1, "write") >= gpu_min, "{nic1}");
+    // And they took the zero-copy peer path: straight into gpu0's VRAM
+    // memfd, not a DMA message through QEMU.
+    assert_eq!(counter(&nic0, "peer_path"), 1, "{nic0}");
+    assert!(in_range(counter(&nic0, "dma_peer_read_bytes")), "{nic0}");
+    assert!(in_range(counter(&nic1, "dma_peer_write_bytes")), "{nic1}");
+    for (name, nic) in [("nic0", &nic0), ("nic1", &nic1)] {
+        for dir in ["read", "write"] {
+            let key = format!("dma_message_{dir}_bytes");
+            assert_eq!(counter(nic, &key), 0, "{name} {key}: {nic}");
+        }
+    }
     let ram_slack = (4 << 20) + (1 << 20);
     assert!(
         counter(&nic0, "dma_mmap_read_bytes") <= total_bytes + ram_slack,

@@ -13,6 +13,7 @@ use clap::Parser;
 use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
 use p2plab_nic::{nic_function, NicControl, NicIds, Wire, WireConfig};
+use p2plab_peer::PeerRegistry;
 use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
@@ -77,6 +78,7 @@ fn parse_fault(text: &str) -> Result<NicFaultSpec, String> {
 struct Control {
     nic: NicControl,
     dma: DmaSpace,
+    peers: Option<Arc<PeerRegistry>>,
 }
 
 impl ControlHandler for Control {
@@ -84,7 +86,7 @@ impl ControlHandler for Control {
         match request {
             ControlRequest::Status => {
                 let mut value: serde_json::Value =
-                    serde_json::from_str(&stats_json(&self.nic, &self.dma))
+                    serde_json::from_str(&stats_json(&self.nic, &self.dma, self.peers.as_deref()))
                         .map_err(|e| e.to_string())?;
                 if let Some(object) = value.as_object_mut() {
                     let faults =
@@ -140,11 +142,15 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     for spec in &args.injections {
         nic.inject(*spec);
     }
+    // The NIC has no memory BAR to share; it joins the peer registry to
+    // DMA straight into other servers' BARs (GPU VRAM, an NVMe CMB).
+    let peers = args.server.start_peers(&dma, Vec::new())?;
     let _control = ControlServer::start(
         &args.server.control_path(),
         Arc::new(Control {
             nic: nic.clone(),
             dma: dma.clone(),
+            peers: peers.clone(),
         }),
     )
     .map_err(|e| {
@@ -156,10 +162,17 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
 
     let server = Server::new(args.server.server_config(), dma.clone())?;
     let counters = nic.clone();
-    let running = launch.start(&server, Arc::new(move || stats_json(&counters, &dma)))?;
+    let stats_peers = peers.clone();
+    let running = launch.start(
+        &server,
+        Arc::new(move || stats_json(&counters, &dma, stats_peers.as_deref())),
+    )?;
     info!(wire = ?args.wire, mtu = args.mtu, "p2plab-nic starting");
     let result = server.run(&mut function);
     drop(function);
+    if let Some(peers) = &peers {
+        peers.close();
+    }
     let json = running.finish();
     info!(stats = %json, "p2plab-nic exiting");
     result?;
@@ -167,11 +180,16 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
 }
 
 /// Device counters plus which path the engines' DMA took (mmapped guest
-/// memory, or DMA messages through the client for a peer BAR).
-fn stats_json(nic: &NicControl, dma: &DmaSpace) -> String {
+/// memory, a peer's BAR directly, or DMA messages through the client).
+fn stats_json(nic: &NicControl, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
     let d = dma.stats();
     nic.stats().to_json_with(&[
         ("link_up", u64::from(nic.link_up())),
+        ("peer_path", u64::from(peers.is_some())),
+        ("dma_peer_read_bytes", d.peer.read_bytes),
+        ("dma_peer_write_bytes", d.peer.write_bytes),
+        ("dma_peer_read_ops", d.peer.read_ops),
+        ("dma_peer_write_ops", d.peer.write_ops),
         ("dma_mmap_read_bytes", d.mmap.read_bytes),
         ("dma_mmap_write_bytes", d.mmap.write_bytes),
         ("dma_message_read_bytes", d.message.read_bytes),

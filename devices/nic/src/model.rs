@@ -346,7 +346,12 @@ impl Device {
     }
 
     fn count_peer(&self, counter: &std::sync::atomic::AtomicU64, addr: u64, len: u64) {
-        if self.memory.locate(addr, len) == BusTarget::PeerBar {
+        // A peer's BAR, whichever path reaches it (messages through the
+        // client, or the zero-copy peer window).
+        if matches!(
+            self.memory.locate(addr, len),
+            BusTarget::PeerBar | BusTarget::PeerDirect
+        ) {
             Stats::add(counter, len);
         }
     }
