@@ -11,7 +11,9 @@
 //!    region), moved through mmapped guest RAM (no DMA messages).
 //!    Catches: a NIC that drops, reorders or truncates frames, a wire that
 //!    loses data between two server processes, a driver that cuts posts
-//!    wrong, completes them early or loses completions.
+//!    wrong, completes them early or loses completions. A post of more
+//!    frames than the ring holds fails with E2BIG (catches a driver that
+//!    answers ENOSPC, which callers retry forever).
 //! 2. The guest arms `corrupt,count=1` on nic0 through its control port:
 //!    the next transfer reports exactly one failed receive with BAD_FCS
 //!    (0x4), and nic1 counts one FCS error. Catches: corruption that goes
@@ -65,6 +67,8 @@ const DMABUF_SIZE: u64 = 64 << 20;
 const MAP_TYPE_BUS_ADDR: &str = "3";
 /// ENOLINK.
 const ENOLINK: &str = "67";
+/// E2BIG.
+const E2BIG: &str = "7";
 
 const SCRIPT: &str = r#"
 set -u
@@ -85,6 +89,12 @@ p2plab-nic-tool info /dev/p2plab-nic1 | facts INFO1
 p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size @SIZE@ --post @POST@ --seed 7 > /tmp/x1
 say XFER_EXIT $?
 facts XFER < /tmp/x1
+
+# A post of more frames than the ring has descriptors (1024 RAM pages,
+# 256 descriptors) can never fit: E2BIG at once, not a retry forever.
+timeout 60 p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 4M --post 4M > /tmp/xbig 2>/dev/null
+say BIG_EXIT $?
+facts BIG < /tmp/xbig
 
 # --- 2. one corrupted frame ----------------------------------------------------
 p2plab-ctl nic0 inject corrupt,count=1 >/dev/null; say INJECT_EXIT $?
@@ -192,6 +202,8 @@ fn ram_to_ram_over_the_wire() {
 
     // 1. RAM to RAM.
     run.expect("XFER_EXIT", "0");
+    run.expect("BIG_EXIT", "1");
+    run.expect("BIG_POST_ERRNO", E2BIG);
     run.expect("XFER_VERIFY", "ok");
     run.expect("XFER_MISMATCHED_BYTES", "0");
     let posts = SIZE / POST;

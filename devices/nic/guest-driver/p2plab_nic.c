@@ -731,6 +731,12 @@ static long ioctl_post(struct p2plab_nic *nic, struct p2plab_nic_post __user *ua
 	end = req.offset + req.length;
 	for (off = req.offset; off < end; off += frame_len(nic, mr, off, end - off))
 		frames++;
+	/* A post that needs more descriptors than the ring holds never fits:
+	 * say so instead of ENOSPC, which callers retry. */
+	if (frames > nic->entries - 1) {
+		ret = -E2BIG;
+		goto out;
+	}
 
 	spin_lock_irqsave(&nic->lock, flags);
 	if (mr->revoked) {

@@ -15,7 +15,8 @@
  * each frame fills one receive descriptor.
  *
  * One open file at a time per device (EBUSY otherwise). A post fails with
- * ENOSPC when the ring has no room for all its frames: poll and retry.
+ * ENOSPC when the ring has no room for all its frames right now: poll and
+ * retry; E2BIG when it needs more frames than the ring has descriptors.
  * A region whose memory was revoked (its GPU memory freed, the GPU driver
  * unbound) fails later posts with ENOLINK; its in-flight posts complete
  * with status P2PLAB_NIC_WC_REVOKED.
