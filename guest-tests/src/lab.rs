@@ -77,6 +77,8 @@ pub struct LabOptions {
     pub log_level: Option<String>,
     /// Extra arguments for a server, by device id.
     pub server_args: Vec<(String, Vec<String>)>,
+    /// Extra arguments for every device server of the topology.
+    pub every_server_args: Vec<String>,
     /// Extra QEMU arguments.
     pub qemu_args: Vec<String>,
     /// Print boot messages and progress to stderr.
@@ -101,6 +103,7 @@ impl LabOptions {
             timeout: None,
             log_level: None,
             server_args: Vec::new(),
+            every_server_args: Vec::new(),
             qemu_args: Vec::new(),
             verbose: false,
             stream_output: true,
@@ -307,6 +310,11 @@ impl Lab {
             state: paths.state.clone(),
         };
         let mut topology = Topology::load(&topology_path, &vars)?;
+        for server in &mut topology.servers {
+            server
+                .args
+                .extend(options.every_server_args.iter().cloned());
+        }
         for (id, extra) in &options.server_args {
             let Some(server) = topology.server_mut(id) else {
                 bail!("topology {} has no device server {id:?}", topology.name);

@@ -407,9 +407,13 @@ impl PeerRegistry {
         for t in threads {
             let _ = t.join();
         }
-        let conns = std::mem::take(&mut lock(&self.shared.owner).conns);
-        for c in conns {
-            c.kill();
+        {
+            // Keep what the users counted: the final stats come after this.
+            let mut owner = lock(&self.shared.owner);
+            for c in owner.conns.clone() {
+                c.kill();
+                owner.retire(&c);
+            }
         }
         for stream in lock(&self.shared.users).values() {
             let _ = stream.shutdown(std::net::Shutdown::Both);

@@ -120,13 +120,23 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
     );
     assert!(nvme_dma.write(PLACE_B, &data).is_err());
     drop(nvme);
+    wait_for("the owner to see the user go", || gpu.users() == 0);
+    assert_eq!(
+        gpu.inbound(2),
+        Inbound {
+            written: 8192,
+            read: 8192
+        },
+        "counts of a user gone are kept"
+    );
     drop(gpu);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Catches a user that keeps a dead owner's window (writes into memory
 /// nobody maps any more), one that never reconnects to a restarted
-/// owner, and an owner that forgets the counts of users gone.
+/// owner, and an owner whose close forgets what its users counted (the
+/// final stats are written after it) or leaves its socket behind.
 #[test]
 fn owner_death_removes_the_window_and_a_restart_brings_it_back() {
     let dir = temp_dir();
@@ -155,13 +165,18 @@ fn owner_death_removes_the_window_and_a_restart_brings_it_back() {
     vram.read_exact_at(&mut seen, 0).unwrap();
     assert_eq!(seen, [2u8; 512]);
 
-    drop(nvme);
-    wait_for("the owner to see the user go", || gpu.users() == 0);
+    nvme_dma.write(PLACE_A, &[3u8; 256]).unwrap();
+    gpu.close();
     assert_eq!(
         gpu.inbound(2).written,
-        512,
-        "counts of a user gone are kept"
+        768,
+        "counts survive the owner's close"
     );
+    wait_for("the window to go", || {
+        nvme_dma.classify(PLACE_A, 4096) == DmaTarget::Unmapped
+    });
+    assert!(!gpu.socket_path().exists(), "close removes the socket");
+    drop(nvme);
     drop(gpu);
     let _ = std::fs::remove_dir_all(&dir);
 }

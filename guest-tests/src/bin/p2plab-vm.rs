@@ -59,6 +59,12 @@ struct Cli {
     #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
     log_level: Option<String>,
 
+    /// Zero-copy DMA between the device servers (`on`, `off`), passed to
+    /// every server as `--peer-path`; default: what the topology's
+    /// `#@server` lines say (on unless they say off).
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    peer_path: Option<String>,
+
     /// Show boot messages and progress.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -136,6 +142,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     options.append = cli.append;
     options.timeout = cli.timeout;
     options.log_level = cli.log_level;
+    if let Some(mode) = &cli.peer_path {
+        options.every_server_args = vec!["--peer-path".to_owned(), mode.clone()];
+    }
     options.verbose = cli.verbose;
     // The CLI reports complaints in the guest's kernel log but keeps the
     // command's exit status.
