@@ -38,9 +38,11 @@ pub const BASE_CMDLINE: &str =
 /// O_NONBLOCK returns one record per read and EAGAIN at the end; a fresh
 /// reader starts at the oldest record even after `dmesg -C`.
 const EXEC_WRAPPER: &str = "\
-# Written by the p2plab launcher; the command is script.sh.
-bash /run/p2plab/script.sh
-rc=$?
+# Written by the p2plab launcher; the command is script.sh. Its output goes
+# to the console and, whole lines with no kernel message inside, to
+# output.txt, which the host reads.
+bash /run/p2plab/script.sh 2>&1 | tee /run/p2plab/output.txt
+rc=${PIPESTATUS[0]}
 dd if=/dev/kmsg of=/run/p2plab/kmsg.txt bs=65536 iflag=nonblock 2>/dev/null
 exit $rc
 ";
@@ -510,12 +512,14 @@ impl Lab {
             }
             Mode::Exec(_) => {
                 self.follow_exec(options, &mut outcome, true)?;
+                self.use_exact_output(&mut outcome);
                 outcome.peak_rss = self.peak_rss();
                 self.check_kernel_log(&options.kernel_log)?;
             }
             Mode::Keep(command) => {
                 if command.is_some() {
                     self.follow_exec(options, &mut outcome, false)?;
+                    self.use_exact_output(&mut outcome);
                 } else {
                     self.wait_for_console_line(crate::console::READY, options.timeout)?;
                 }
@@ -525,6 +529,16 @@ impl Lab {
         }
         self.stop_servers();
         Ok(outcome)
+    }
+
+    /// Replaces the console's copy of the command's output by the copy the
+    /// guest wrote to `/run/p2plab/output.txt`: on the console, kernel
+    /// messages printed meanwhile can land in the middle of a line (a
+    /// `KEY=VALUE` fact cut in two by an I/O error report).
+    fn use_exact_output(&self, outcome: &mut Outcome) {
+        if let Ok(text) = std::fs::read_to_string(self.run_dir.join("guest/output.txt")) {
+            outcome.output = text;
+        }
     }
 
     /// Streams the exec command's output until its exit marker; with
