@@ -77,6 +77,13 @@ struct Cli {
     /// post is one frame per page and must fit the 256-entry ring).
     #[arg(long, default_value = "256K", value_parser = parse_rdma_post)]
     rdma_post: String,
+    /// NIC MTUs to run the RDMA transfers at, one boot each per round
+    /// (repeatable). A RAM region is cut into one frame per 4 KiB page
+    /// whatever the MTU, GPU memory into MTU-sized frames: at 4096 both
+    /// memories move in the same frames, at the default 65536 GPU memory
+    /// also gains from bigger frames.
+    #[arg(long, default_values_t = [65536u32, 4096], value_parser = clap::value_parser!(u32).range(4096..=1 << 20))]
+    rdma_mtu: Vec<u32>,
     /// Run only these compared jobs (repeatable, e.g. `--only
     /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
     #[arg(long, value_parser = parse_job_name)]
@@ -221,6 +228,7 @@ until p2plab-nic-tool info /dev/p2plab-nic0 | grep -qx link_up=1 &&
       p2plab-nic-tool info /dev/p2plab-nic1 | grep -qx link_up=1; do
   sleep 0.2; i=$((i+1)); [ $i -lt 150 ] || { echo 'the NICs have no link'; exit 1; }
 done
+echo RDMA_MTU $(p2plab-nic-tool info /dev/p2plab-nic0 | grep '^mtu=') $(p2plab-nic-tool info /dev/p2plab-nic1 | grep '^mtu=')
 "#,
     );
     for (seed, source) in RDMA_SOURCES.iter().enumerate() {
@@ -461,11 +469,27 @@ fn nic_paths(run_dir: &Path) -> Result<Value> {
     Ok(out.into())
 }
 
-fn run_rdma(options: &LabOptions, len: u64, side: &mut Side) -> Result<()> {
+/// The key of a transfer's figures: the memory and the MTU it ran at.
+fn rdma_key(source: &str, mtu: u32) -> String {
+    format!("{source} mtu {mtu}")
+}
+
+fn run_rdma(options: &LabOptions, mtu: u32, len: u64, side: &mut Side) -> Result<()> {
     let outcome = Lab::run(options)?;
     let topology = &options.topology;
     if outcome.status != Some(0) {
         bail!("{topology}: guest transfers failed:\n{}", outcome.output);
+    }
+    // The guest driver reads the MTU from the device: both NICs must run
+    // at the one asked, or the figures are filed under the wrong MTU.
+    let seen = outcome
+        .output
+        .lines()
+        .find_map(|l| l.find("RDMA_MTU ").map(|at| &l[at + "RDMA_MTU ".len()..]))
+        .with_context(|| format!("{topology}: the guest did not report the NICs' MTU"))?;
+    let want = format!("mtu={mtu} mtu={mtu}");
+    if seen.trim() != want {
+        bail!("{topology}: the NICs run at {seen:?}, not MTU {mtu}");
     }
     for source in RDMA_SOURCES {
         let prefix = format!("RDMA {source} ");
@@ -477,11 +501,12 @@ fn run_rdma(options: &LabOptions, len: u64, side: &mut Side) -> Result<()> {
         let mib =
             parse_rdma(line, len).with_context(|| format!("{topology}: transfer from {source}"))?;
         side.transfers
-            .entry((*source).to_owned())
+            .entry(rdma_key(source, mtu))
             .or_default()
             .push(mib);
     }
-    side.nic_paths.push(nic_paths(&outcome.run_dir)?);
+    side.nic_paths
+        .push(json!({"mtu": mtu, "bytes": nic_paths(&outcome.run_dir)?}));
     eprintln!(
         "p2plab-bench: {topology} done (run folder {})",
         outcome.run_dir.display()
@@ -649,15 +674,19 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
         .collect()
 }
 
-fn rdma_rows(rdma: &Side) -> Vec<Row> {
-    let transfer = |name: &str| rdma.transfers.get(name).cloned().unwrap_or_default();
-    RDMA_SOURCES
-        .iter()
-        .filter(|name| **name != "ram")
-        .map(|name| Row {
-            label: format!("nic0-to-nic1 {name} MiB/s"),
-            left: transfer(name),
-            right: transfer("ram"),
+fn rdma_rows(rdma: &Side, mtus: &[u32]) -> Vec<Row> {
+    let transfer = |key: String| rdma.transfers.get(&key).cloned().unwrap_or_default();
+    mtus.iter()
+        .flat_map(|&mtu| {
+            RDMA_SOURCES
+                .iter()
+                .filter(|name| **name != "ram")
+                .map(move |name| (name, mtu))
+        })
+        .map(|(name, mtu)| Row {
+            label: format!("nic0-to-nic1 {name} mtu {mtu} MiB/s"),
+            left: transfer(rdma_key(name, mtu)),
+            right: transfer(rdma_key("ram", mtu)),
             lower_is_better: false,
         })
         .collect()
@@ -882,13 +911,20 @@ fn run(cli: &Cli) -> Result<()> {
             cli.rdma_post
         );
     }
-    let mut rdma_options = LabOptions::new(
-        &cli.rdma_topology,
-        Mode::Exec(rdma_script(&cli.rdma_len, &cli.rdma_post)),
-    );
-    rdma_options.stream_output = false;
-    rdma_options.timeout = timeout;
-    rdma_options.kernel_log.enforce = false;
+    let rdma_options = |mtu: u32| {
+        let mut options = LabOptions::new(
+            &cli.rdma_topology,
+            Mode::Exec(rdma_script(&cli.rdma_len, &cli.rdma_post)),
+        );
+        options.stream_output = false;
+        options.timeout = timeout;
+        options.kernel_log.enforce = false;
+        options.server_args = ["nic0", "nic1"]
+            .iter()
+            .map(|id| ((*id).to_owned(), vec!["--mtu".to_owned(), mtu.to_string()]))
+            .collect();
+        options
+    };
 
     let mut ours = Side::default();
     let mut anchor = Side::default();
@@ -904,7 +940,9 @@ fn run(cli: &Cli) -> Result<()> {
             }
         }
         if !cli.no_rdma {
-            run_rdma(&rdma_options, rdma_len, &mut rdma)?;
+            for &mtu in &cli.rdma_mtu {
+                run_rdma(&rdma_options(mtu), mtu, rdma_len, &mut rdma)?;
+            }
         }
     }
 
@@ -913,7 +951,7 @@ fn run(cli: &Cli) -> Result<()> {
     } else {
         compared_rows(&jobs, &ours, &anchor)
     };
-    let rdma_rows = rdma_rows(&rdma);
+    let rdma_rows = rdma_rows(&rdma, &cli.rdma_mtu);
     let p2p = if cli.no_p2p || cli.rdma_only {
         Vec::new()
     } else {
@@ -942,7 +980,7 @@ fn run(cli: &Cli) -> Result<()> {
         "compared": compared.iter().map(|r| r.json("p2plab_nvme", "qemu_nvme")).collect::<Vec<_>>(),
         "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
         "p2p": p2p.iter().map(|r| r.json("p2p", "ram")).collect::<Vec<_>>(),
-        "rdma": {"topology": cli.rdma_topology, "len": cli.rdma_len, "post": cli.rdma_post, "run_dirs": rdma.run_dirs, "nic_dma_paths": rdma.nic_paths},
+        "rdma": {"topology": cli.rdma_topology, "len": cli.rdma_len, "post": cli.rdma_post, "mtus": cli.rdma_mtu, "run_dirs": rdma.run_dirs, "nic_dma_paths": rdma.nic_paths},
         "rdma_ratio": "nic0 -> wire -> nic1 from and into GPU memory (peer-memory API) or a GPU dma-buf / from and into guest RAM, same boot, per round",
         "rdma_rows": rdma_rows.iter().map(|r| r.json("gpu", "ram")).collect::<Vec<_>>(),
         "peak_rss_mib": {"ours": rss_mib(&ours), "anchor": rss_mib(&anchor)},
@@ -995,8 +1033,8 @@ fn run(cli: &Cli) -> Result<()> {
         for row in &rdma_rows {
             row.print();
         }
-        for (round, paths) in rdma.nic_paths.iter().enumerate() {
-            println!("RDMA round {} NIC DMA paths (bytes): {paths}", round + 1);
+        for paths in &rdma.nic_paths {
+            println!("RDMA NIC DMA paths of one boot: {paths}");
         }
     }
     if !p2p.is_empty() {
@@ -1134,6 +1172,34 @@ mod tests {
             "a RAM post would not fit the ring"
         );
         assert!(parse_rdma_post("6000").is_err());
+    }
+
+    #[test]
+    fn rdma_rows_pair_each_memory_with_ram_at_the_same_mtu() {
+        let mut side = Side::default();
+        for (key, v) in [
+            ("ram mtu 4096", 10.0),
+            ("gpu mtu 4096", 9.0),
+            ("dmabuf mtu 4096", 11.0),
+            ("ram mtu 65536", 20.0),
+            ("gpu mtu 65536", 100.0),
+        ] {
+            side.transfers.insert(key.to_owned(), vec![v]);
+        }
+        let rows = rdma_rows(&side, &[4096, 65536]);
+        let summary: Vec<(String, Vec<f64>)> = rows
+            .iter()
+            .map(|r| (r.label.clone(), ratios(&r.left, &r.right)))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("nic0-to-nic1 gpu mtu 4096 MiB/s".to_owned(), vec![0.9]),
+                ("nic0-to-nic1 dmabuf mtu 4096 MiB/s".to_owned(), vec![1.1]),
+                ("nic0-to-nic1 gpu mtu 65536 MiB/s".to_owned(), vec![5.0]),
+                ("nic0-to-nic1 dmabuf mtu 65536 MiB/s".to_owned(), vec![]),
+            ]
+        );
     }
 
     #[test]
