@@ -1025,6 +1025,15 @@ fn run(cli: &Cli) -> Result<()> {
     for row in &compared {
         row.print();
     }
+    if !p2p.is_empty() {
+        println!(
+            "{:<34} {:>22} {:>22} {:>18}",
+            "P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"
+        );
+        for row in &p2p {
+            row.print();
+        }
+    }
     if !rdma_rows.is_empty() {
         println!(
             "{:<34} {:>22} {:>22} {:>18}",
@@ -1035,15 +1044,6 @@ fn run(cli: &Cli) -> Result<()> {
         }
         for paths in &rdma.nic_paths {
             println!("RDMA NIC DMA paths of one boot: {paths}");
-        }
-    }
-    if !p2p.is_empty() {
-        println!(
-            "{:<34} {:>22} {:>22} {:>18}",
-            "P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"
-        );
-        for row in &p2p {
-            row.print();
         }
     }
     // QEMU's peak RSS includes the guest RAM it touched (shared with the
