@@ -7,8 +7,11 @@
 //! `cache=writeback`; `direct` runs p2plab-nvme with O_DIRECT
 //! (`--caching direct`) and the anchor with `cache=none`. Each round boots
 //! the three topologies in turn (p2plab, the anchor, and two NVMe with a GPU
-//! for NVMe → NVMe copies through RAM, GPU p2pmem and a CMB); the figures are true medians over the rounds
-//! with their min–max spread. Everything measured goes to `results.json`
+//! for NVMe → NVMe copies through RAM, GPU p2pmem and a CMB), then the
+//! `rdma` topology, where two p2plab-nic devices move the same bytes over
+//! their wire from and into guest RAM, GPU memory (the GPU driver's
+//! peer-memory API) and GPU dma-bufs. The figures are true medians over the
+//! rounds with their min–max spread. Everything measured goes to `results.json`
 //! and `results.svg` in a bench folder under `runs/`.
 
 use std::collections::BTreeMap;
@@ -56,6 +59,31 @@ struct Cli {
     /// Topology for the anchor; its one `-drive` gets the cache mode.
     #[arg(long, default_value = "anchor-qemu-nvme")]
     anchor: String,
+    /// Skip the RDMA workloads (nic0 → wire → nic1, GPU memory against RAM).
+    #[arg(long)]
+    no_rdma: bool,
+    /// Run only the RDMA workloads: no NVMe boot at all.
+    #[arg(long, conflicts_with = "no_rdma")]
+    rdma_only: bool,
+    /// Topology for the RDMA workloads (needs nic0 and nic1 wired to each
+    /// other, and gpu0 under the same switch).
+    #[arg(long, default_value = "rdma")]
+    rdma_topology: String,
+    /// Bytes each RDMA transfer moves (a whole number of MiB, 1M..1G).
+    #[arg(long, default_value = "64M", value_parser = parse_copy_len)]
+    rdma_len: String,
+    /// Bytes per posted send/receive, the same for every memory so the
+    /// ratio compares memories, not batching (4K..1M in 4 KiB steps: a RAM
+    /// post is one frame per page and must fit the 256-entry ring).
+    #[arg(long, default_value = "256K", value_parser = parse_rdma_post)]
+    rdma_post: String,
+    /// NIC MTUs to run the RDMA transfers at, one boot each per round
+    /// (repeatable). A RAM region is cut into one frame per 4 KiB page
+    /// whatever the MTU, GPU memory into MTU-sized frames: at 4096 both
+    /// memories move in the same frames, at the default 65536 GPU memory
+    /// also gains from bigger frames.
+    #[arg(long, default_values_t = [65536u32, 4096], value_parser = clap::value_parser!(u32).range(4096..=1 << 20))]
+    rdma_mtu: Vec<u32>,
     /// Run only these compared jobs (repeatable, e.g. `--only
     /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
     #[arg(long, value_parser = parse_job_name)]
@@ -174,6 +202,65 @@ fn parse_copy_len(text: &str) -> Result<String, String> {
         }
         _ => Err(format!("{text:?}: a whole number of MiB, 1M..1G")),
     }
+}
+
+fn parse_rdma_post(text: &str) -> Result<String, String> {
+    match p2plab_guest_tests::topology::parse_size(text) {
+        Some(n) if (4096..=1 << 20).contains(&n) && n.is_multiple_of(4096) => Ok(text.to_owned()),
+        _ => Err(format!("{text:?}: a multiple of 4K, 4K..1M")),
+    }
+}
+
+/// Memories the RDMA transfers go from and into, in the same boot: guest
+/// RAM (the reference, pinned user pages), GPU memory registered through
+/// the GPU driver's peer-memory API, and a GPU allocation exported as a
+/// dma-buf.
+const RDMA_SOURCES: &[&str] = &["ram", "gpu", "dmabuf"];
+
+/// Moves `len` bytes nic0 → wire → nic1 from and into each memory with
+/// p2plab-nic-tool (which verifies the destination: bytes for RAM, the GPU
+/// engine's CRC for GPU memory); one `RDMA SOURCE KEY=VALUE...` line each.
+fn rdma_script(len: &str, post: &str) -> String {
+    let mut script = String::from(
+        r#"set -e
+i=0
+until p2plab-nic-tool info /dev/p2plab-nic0 | grep -qx link_up=1 &&
+      p2plab-nic-tool info /dev/p2plab-nic1 | grep -qx link_up=1; do
+  sleep 0.2; i=$((i+1)); [ $i -lt 150 ] || { echo 'the NICs have no link'; exit 1; }
+done
+echo RDMA_MTU $(p2plab-nic-tool info /dev/p2plab-nic0 | grep '^mtu=') $(p2plab-nic-tool info /dev/p2plab-nic1 | grep '^mtu=')
+"#,
+    );
+    for (seed, source) in RDMA_SOURCES.iter().enumerate() {
+        script.push_str(&format!(
+            "echo RDMA {source} $(p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 \
+             --src {source} --dst {source} --size {len} --post {post} --seed {} 2>&1 | tr '\\n' ' ')\n",
+            seed + 1
+        ));
+    }
+    script
+}
+
+/// MiB/s of one transfer line, which must have moved and verified `len`
+/// bytes without a failed completion.
+fn parse_rdma(line: &str, len: u64) -> Result<f64> {
+    let value = |key: &str| -> Option<&str> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    };
+    let number = |key: &str| -> Result<f64> {
+        value(key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no {key} in {line:?}"))
+    };
+    if value("verify") != Some("ok")
+        || number("bytes")? != len as f64
+        || number("tx_errors")? != 0.0
+        || number("rx_errors")? != 0.0
+    {
+        bail!("the transfer failed, was short or did not verify: {line:?}");
+    }
+    number("mib_per_s")
 }
 
 /// Buffers the NVMe → NVMe copies go through, in the same boot: guest RAM
@@ -317,6 +404,11 @@ struct Side {
     samples: BTreeMap<String, Vec<Sample>>,
     /// copy buffer -> MiB/s per round
     copies: BTreeMap<String, Vec<f64>>,
+    /// RDMA memory -> MiB/s per round
+    transfers: BTreeMap<String, Vec<f64>>,
+    /// Which DMA path the NICs took, per round: nic0's reads and nic1's
+    /// writes of the whole boot, from their stats.json.
+    nic_paths: Vec<Value>,
     /// process -> peak RSS per round, bytes
     rss: BTreeMap<String, Vec<u64>>,
     run_dirs: Vec<PathBuf>,
@@ -338,6 +430,83 @@ fn run_copies(options: &LabOptions, len: u64, side: &mut Side) -> Result<()> {
         let mib = parse_copy(line, len).with_context(|| format!("{topology}: copy via {name}"))?;
         side.copies.entry((*name).to_owned()).or_default().push(mib);
     }
+    eprintln!(
+        "p2plab-bench: {topology} done (run folder {})",
+        outcome.run_dir.display()
+    );
+    side.run_dirs.push(outcome.run_dir);
+    Ok(())
+}
+
+/// A counter found by key anywhere in a server's stats document.
+fn stats_counter(v: &Value, key: &str) -> Option<u64> {
+    match v {
+        Value::Object(map) => map
+            .get(key)
+            .and_then(Value::as_u64)
+            .or_else(|| map.values().find_map(|child| stats_counter(child, key))),
+        _ => None,
+    }
+}
+
+/// The bytes nic0 read and nic1 wrote, per DMA path, from their
+/// stats.json in a finished run folder.
+fn nic_paths(run_dir: &Path) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (id, dir) in [("nic0", "read"), ("nic1", "write")] {
+        let path = run_dir.join(format!("{id}.stats.json"));
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let stats: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        for kind in ["peer", "mmap", "message"] {
+            let key = format!("dma_{kind}_{dir}_bytes");
+            let n = stats_counter(&stats, &key)
+                .with_context(|| format!("{} has no {key}", path.display()))?;
+            out.insert(format!("{id}_{key}"), n.into());
+        }
+    }
+    Ok(out.into())
+}
+
+/// The key of a transfer's figures: the memory and the MTU it ran at.
+fn rdma_key(source: &str, mtu: u32) -> String {
+    format!("{source} mtu {mtu}")
+}
+
+fn run_rdma(options: &LabOptions, mtu: u32, len: u64, side: &mut Side) -> Result<()> {
+    let outcome = Lab::run(options)?;
+    let topology = &options.topology;
+    if outcome.status != Some(0) {
+        bail!("{topology}: guest transfers failed:\n{}", outcome.output);
+    }
+    // The guest driver reads the MTU from the device: both NICs must run
+    // at the one asked, or the figures are filed under the wrong MTU.
+    let seen = outcome
+        .output
+        .lines()
+        .find_map(|l| l.find("RDMA_MTU ").map(|at| &l[at + "RDMA_MTU ".len()..]))
+        .with_context(|| format!("{topology}: the guest did not report the NICs' MTU"))?;
+    let want = format!("mtu={mtu} mtu={mtu}");
+    if seen.trim() != want {
+        bail!("{topology}: the NICs run at {seen:?}, not MTU {mtu}");
+    }
+    for source in RDMA_SOURCES {
+        let prefix = format!("RDMA {source} ");
+        let line = outcome
+            .output
+            .lines()
+            .find_map(|l| l.find(&prefix).map(|at| &l[at + prefix.len()..]))
+            .with_context(|| format!("{topology}: no result for the transfer from {source}"))?;
+        let mib =
+            parse_rdma(line, len).with_context(|| format!("{topology}: transfer from {source}"))?;
+        side.transfers
+            .entry(rdma_key(source, mtu))
+            .or_default()
+            .push(mib);
+    }
+    side.nic_paths
+        .push(json!({"mtu": mtu, "bytes": nic_paths(&outcome.run_dir)?}));
     eprintln!(
         "p2plab-bench: {topology} done (run folder {})",
         outcome.run_dir.display()
@@ -502,6 +671,24 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
             lower_is_better: false,
         })
         .chain(copy_rows)
+        .collect()
+}
+
+fn rdma_rows(rdma: &Side, mtus: &[u32]) -> Vec<Row> {
+    let transfer = |key: String| rdma.transfers.get(&key).cloned().unwrap_or_default();
+    mtus.iter()
+        .flat_map(|&mtu| {
+            RDMA_SOURCES
+                .iter()
+                .filter(|name| **name != "ram")
+                .map(move |name| (name, mtu))
+        })
+        .map(|(name, mtu)| Row {
+            label: format!("nic0-to-nic1 {name} mtu {mtu} MiB/s"),
+            left: transfer(rdma_key(name, mtu)),
+            right: transfer(rdma_key("ram", mtu)),
+            lower_is_better: false,
+        })
         .collect()
 }
 
@@ -714,20 +901,58 @@ fn run(cli: &Cli) -> Result<()> {
         .collect();
     let copy_len = p2plab_guest_tests::topology::parse_size(&cli.copy_len).context("--copy-len")?;
 
+    let rdma_len = p2plab_guest_tests::topology::parse_size(&cli.rdma_len).context("--rdma-len")?;
+    let rdma_post =
+        p2plab_guest_tests::topology::parse_size(&cli.rdma_post).context("--rdma-post")?;
+    if !rdma_len.is_multiple_of(rdma_post) {
+        bail!(
+            "--rdma-len {} is not a multiple of --rdma-post {}",
+            cli.rdma_len,
+            cli.rdma_post
+        );
+    }
+    let rdma_options = |mtu: u32| {
+        let mut options = LabOptions::new(
+            &cli.rdma_topology,
+            Mode::Exec(rdma_script(&cli.rdma_len, &cli.rdma_post)),
+        );
+        options.stream_output = false;
+        options.timeout = timeout;
+        options.kernel_log.enforce = false;
+        options.server_args = ["nic0", "nic1"]
+            .iter()
+            .map(|id| ((*id).to_owned(), vec!["--mtu".to_owned(), mtu.to_string()]))
+            .collect();
+        options
+    };
+
     let mut ours = Side::default();
     let mut anchor = Side::default();
     let mut copies = Side::default();
+    let mut rdma = Side::default();
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: round {round}/{}", cli.rounds);
-        run_one(&ours_options, &ours_labels, &mut ours)?;
-        run_one(&anchor_options, &anchor_labels, &mut anchor)?;
-        if !cli.no_p2p {
-            run_copies(&copy_options, copy_len, &mut copies)?;
+        if !cli.rdma_only {
+            run_one(&ours_options, &ours_labels, &mut ours)?;
+            run_one(&anchor_options, &anchor_labels, &mut anchor)?;
+            if !cli.no_p2p {
+                run_copies(&copy_options, copy_len, &mut copies)?;
+            }
+        }
+        if !cli.no_rdma {
+            for &mtu in &cli.rdma_mtu {
+                run_rdma(&rdma_options(mtu), mtu, rdma_len, &mut rdma)?;
+            }
         }
     }
 
-    let compared = compared_rows(&jobs, &ours, &anchor);
-    let p2p = if cli.no_p2p {
+    let compared = if cli.rdma_only {
+        Vec::new()
+    } else {
+        compared_rows(&jobs, &ours, &anchor)
+    };
+    let rdma_rows = rdma_rows(&rdma, &cli.rdma_mtu);
+    let p2p = if cli.no_p2p || cli.rdma_only {
         Vec::new()
     } else {
         p2p_rows(&ours, &copies)
@@ -755,6 +980,9 @@ fn run(cli: &Cli) -> Result<()> {
         "compared": compared.iter().map(|r| r.json("p2plab_nvme", "qemu_nvme")).collect::<Vec<_>>(),
         "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
         "p2p": p2p.iter().map(|r| r.json("p2p", "ram")).collect::<Vec<_>>(),
+        "rdma": {"topology": cli.rdma_topology, "len": cli.rdma_len, "post": cli.rdma_post, "mtus": cli.rdma_mtu, "run_dirs": rdma.run_dirs, "nic_dma_paths": rdma.nic_paths},
+        "rdma_ratio": "nic0 -> wire -> nic1 from and into GPU memory (peer-memory API) or a GPU dma-buf / from and into guest RAM, same boot, per round",
+        "rdma_rows": rdma_rows.iter().map(|r| r.json("gpu", "ram")).collect::<Vec<_>>(),
         "peak_rss_mib": {"ours": rss_mib(&ours), "anchor": rss_mib(&anchor)},
     });
     let json_path = folder.join("results.json");
@@ -775,6 +1003,7 @@ fn run(cli: &Cli) -> Result<()> {
             &[
                 ("vs QEMU nvme", compared.as_slice()),
                 ("P2P vs RAM", p2p.as_slice()),
+                ("RDMA vs RAM", rdma_rows.as_slice()),
             ],
         ),
     )
@@ -787,10 +1016,12 @@ fn run(cli: &Cli) -> Result<()> {
         cli.rounds,
         cli.runtime
     );
-    println!(
-        "{:<34} {:>22} {:>22} {:>18}",
-        "workload", "p2plab-nvme", "qemu nvme", "ratio"
-    );
+    if !compared.is_empty() {
+        println!(
+            "{:<34} {:>22} {:>22} {:>18}",
+            "workload", "p2plab-nvme", "qemu nvme", "ratio"
+        );
+    }
     for row in &compared {
         row.print();
     }
@@ -801,6 +1032,18 @@ fn run(cli: &Cli) -> Result<()> {
         );
         for row in &p2p {
             row.print();
+        }
+    }
+    if !rdma_rows.is_empty() {
+        println!(
+            "{:<34} {:>22} {:>22} {:>18}",
+            "RDMA workload (same boot)", "GPU memory", "guest RAM", "ratio"
+        );
+        for row in &rdma_rows {
+            row.print();
+        }
+        for paths in &rdma.nic_paths {
+            println!("RDMA NIC DMA paths of one boot: {paths}");
         }
     }
     // QEMU's peak RSS includes the guest RAM it touched (shared with the
@@ -897,6 +1140,88 @@ mod tests {
         }
         assert_eq!(parse_copy_len("512M"), Ok("512M".to_owned()));
         assert!(parse_copy_len("1000").is_err());
+    }
+
+    #[test]
+    fn rdma_lines_must_move_and_verify_everything() {
+        let ok = "map_type=3 src_crc=0x1 dst_crc=0x1 post_errno=0 revoked_wcs=0 bytes=1048576 posts=4 \
+                  tx_done=4 tx_bytes=1048576 tx_frames=16 tx_errors=0 rx_done=4 rx_bytes=1048576 \
+                  rx_frames=16 rx_errors=0 first_error=0x0 mismatched_bytes=0 verify=ok ms=20 mib_per_s=50.5 ";
+        assert_eq!(parse_rdma(ok, 1 << 20).unwrap(), 50.5);
+        assert!(parse_rdma(ok, 2 << 20).is_err(), "short transfer");
+        let mismatch = ok.replace("verify=ok", "verify=mismatch");
+        assert!(parse_rdma(&mismatch, 1 << 20).is_err());
+        let failed_rx = ok.replace("rx_errors=0", "rx_errors=1");
+        assert!(parse_rdma(&failed_rx, 1 << 20).is_err());
+        assert!(parse_rdma("p2plab-nic-tool: /dev/p2plab-nic0: No such file", 1 << 20).is_err());
+        let script = rdma_script("64M", "256K");
+        for source in RDMA_SOURCES {
+            assert_eq!(
+                script
+                    .matches(&format!(
+                        "--src {source} --dst {source} --size 64M --post 256K "
+                    ))
+                    .count(),
+                1
+            );
+            assert_eq!(script.matches(&format!("echo RDMA {source} ")).count(), 1);
+        }
+        assert_eq!(parse_rdma_post("256K"), Ok("256K".to_owned()));
+        assert!(
+            parse_rdma_post("2M").is_err(),
+            "a RAM post would not fit the ring"
+        );
+        assert!(parse_rdma_post("6000").is_err());
+    }
+
+    #[test]
+    fn rdma_rows_pair_each_memory_with_ram_at_the_same_mtu() {
+        let mut side = Side::default();
+        for (key, v) in [
+            ("ram mtu 4096", 10.0),
+            ("gpu mtu 4096", 9.0),
+            ("dmabuf mtu 4096", 11.0),
+            ("ram mtu 65536", 20.0),
+            ("gpu mtu 65536", 100.0),
+        ] {
+            side.transfers.insert(key.to_owned(), vec![v]);
+        }
+        let rows = rdma_rows(&side, &[4096, 65536]);
+        let summary: Vec<(String, Vec<f64>)> = rows
+            .iter()
+            .map(|r| (r.label.clone(), ratios(&r.left, &r.right)))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("nic0-to-nic1 gpu mtu 4096 MiB/s".to_owned(), vec![0.9]),
+                ("nic0-to-nic1 dmabuf mtu 4096 MiB/s".to_owned(), vec![1.1]),
+                ("nic0-to-nic1 gpu mtu 65536 MiB/s".to_owned(), vec![5.0]),
+                ("nic0-to-nic1 dmabuf mtu 65536 MiB/s".to_owned(), vec![]),
+            ]
+        );
+    }
+
+    #[test]
+    fn nic_paths_reads_both_stats_files() {
+        let dir = std::env::temp_dir().join(format!("p2plab-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("nic0.stats.json"),
+            r#"{"dma_peer_read_bytes":10,"dma_mmap_read_bytes":20,"dma_message_read_bytes":0}"#,
+        )
+        .unwrap();
+        assert!(nic_paths(&dir).is_err(), "nic1 missing");
+        std::fs::write(
+            dir.join("nic1.stats.json"),
+            r#"{"dma":{"dma_peer_write_bytes":11,"dma_mmap_write_bytes":21,"dma_message_write_bytes":1}}"#,
+        )
+        .unwrap();
+        let paths = nic_paths(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(paths["nic0_dma_peer_read_bytes"], 10);
+        assert_eq!(paths["nic1_dma_peer_write_bytes"], 11);
+        assert_eq!(paths["nic1_dma_message_write_bytes"], 1);
     }
 
     #[test]
