@@ -211,17 +211,7 @@ impl DmaSpace {
         memory: Arc<dyn LocalMemory>,
         mem_offset: u64,
     ) -> Result<LocalWindowId, DmaError> {
-        if len == 0 {
-            return Err(DmaError::Invalid("empty window"));
-        }
-        let mem_end = range_end(mem_offset, len)?;
-        if mem_end > memory.size() {
-            return Err(DmaError::OutOfBounds {
-                offset: mem_offset,
-                len,
-                size: memory.size(),
-            });
-        }
+        check_window_memory(len, memory.as_ref(), mem_offset)?;
         let mut map = self.map_mut();
         Self::check_window_free(&map, gpa, len, None)?;
         let id = LocalWindowId(map.next_window);
@@ -315,17 +305,7 @@ impl DmaSpace {
         memory: Arc<dyn LocalMemory>,
         mem_offset: u64,
     ) -> Result<LocalWindowId, DmaError> {
-        if len == 0 {
-            return Err(DmaError::Invalid("empty window"));
-        }
-        let mem_end = range_end(mem_offset, len)?;
-        if mem_end > memory.size() {
-            return Err(DmaError::OutOfBounds {
-                offset: mem_offset,
-                len,
-                size: memory.size(),
-            });
-        }
+        check_window_memory(len, memory.as_ref(), mem_offset)?;
         let mut map = self.map_mut();
         Self::check_window_free(&map, gpa, len, None)?;
         Self::check_no_guest_ram(&map, gpa, len)?;
@@ -483,4 +463,25 @@ impl DmaSpace {
         }
         Ok(())
     }
+}
+
+/// A window of `len` bytes must be non-empty and fit in its memory from
+/// `mem_offset`.
+fn check_window_memory(
+    len: u64,
+    memory: &dyn LocalMemory,
+    mem_offset: u64,
+) -> Result<(), DmaError> {
+    if len == 0 {
+        return Err(DmaError::Invalid("empty window"));
+    }
+    let mem_end = range_end(mem_offset, len)?;
+    if mem_end > memory.size() {
+        return Err(DmaError::OutOfBounds {
+            offset: mem_offset,
+            len,
+            size: memory.size(),
+        });
+    }
+    Ok(())
 }
