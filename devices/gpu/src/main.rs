@@ -15,7 +15,7 @@ use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
 use p2plab_gpu::regs::VRAM_BAR;
 use p2plab_gpu::{check_spec, gpu_function, FaultControl, GpuFaultSpec, GpuIds, StatsReader, Vram};
 use p2plab_peer::{Export, PeerRegistry};
-use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
+use p2plab_server::control::{status_reply, ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::{info, info_span};
@@ -80,27 +80,11 @@ struct GpuControl {
 impl ControlHandler for GpuControl {
     fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
         match request {
-            ControlRequest::Status => {
-                let mut value: serde_json::Value = serde_json::from_str(&stats_json(
-                    &self.stats,
-                    &self.dma,
-                    self.peers.as_deref(),
-                ))
-                .map_err(|e| e.to_string())?;
-                if let Some(object) = value.as_object_mut() {
-                    let faults =
-                        serde_json::to_value(self.faults.report()).map_err(|e| e.to_string())?;
-                    object.insert("faults".into(), faults);
-                    let registers: serde_json::Map<String, serde_json::Value> = self
-                        .faults
-                        .registers()
-                        .into_iter()
-                        .map(|(name, value)| (name.to_owned(), value.into()))
-                        .collect();
-                    object.insert("registers".into(), registers.into());
-                }
-                Ok(value)
-            }
+            ControlRequest::Status => status_reply(
+                &stats_json(&self.stats, &self.dma, self.peers.as_deref()),
+                self.faults.report(),
+                Some(self.faults.registers()),
+            ),
             ControlRequest::Inject { spec } => {
                 let spec = parse_fault(spec)?;
                 let id = self.faults.inject(spec)?;

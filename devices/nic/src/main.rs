@@ -14,7 +14,7 @@ use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
 use p2plab_nic::{nic_function, NicControl, NicIds, Wire, WireConfig};
 use p2plab_peer::PeerRegistry;
-use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
+use p2plab_server::control::{status_reply, ControlHandler, ControlRequest, ControlServer};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::{info, info_span};
@@ -84,24 +84,11 @@ struct Control {
 impl ControlHandler for Control {
     fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
         match request {
-            ControlRequest::Status => {
-                let mut value: serde_json::Value =
-                    serde_json::from_str(&stats_json(&self.nic, &self.dma, self.peers.as_deref()))
-                        .map_err(|e| e.to_string())?;
-                if let Some(object) = value.as_object_mut() {
-                    let faults =
-                        serde_json::to_value(self.nic.report()).map_err(|e| e.to_string())?;
-                    object.insert("faults".into(), faults);
-                    let registers: serde_json::Map<String, serde_json::Value> = self
-                        .nic
-                        .registers()
-                        .into_iter()
-                        .map(|(name, value)| (name.to_owned(), value.into()))
-                        .collect();
-                    object.insert("registers".into(), registers.into());
-                }
-                Ok(value)
-            }
+            ControlRequest::Status => status_reply(
+                &stats_json(&self.nic, &self.dma, self.peers.as_deref()),
+                self.nic.report(),
+                Some(self.nic.registers()),
+            ),
             ControlRequest::Inject { spec } => {
                 let spec = parse_fault(spec)?;
                 let id = self.nic.inject(spec);

@@ -66,6 +66,30 @@ pub trait ControlHandler: Send + Sync + 'static {
     }
 }
 
+/// A `status` answer: the device's stats (the same JSON as its
+/// stats.json), its fault report under `faults` and, when it has them, its
+/// registers by name under `registers`.
+pub fn status_reply(
+    stats_json: &str,
+    faults: impl Serialize,
+    registers: Option<Vec<(&'static str, u64)>>,
+) -> Result<serde_json::Value, String> {
+    let mut value: serde_json::Value =
+        serde_json::from_str(stats_json).map_err(|e| e.to_string())?;
+    if let Some(object) = value.as_object_mut() {
+        let faults = serde_json::to_value(faults).map_err(|e| e.to_string())?;
+        object.insert("faults".into(), faults);
+        if let Some(registers) = registers {
+            let registers: serde_json::Map<String, serde_json::Value> = registers
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value.into()))
+                .collect();
+            object.insert("registers".into(), registers.into());
+        }
+    }
+    Ok(value)
+}
+
 /// Answers `request`: `trace` from the handler's tracer, the rest by the
 /// handler.
 fn answer(
