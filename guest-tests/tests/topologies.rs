@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{counter, message_dma_bytes_in, run_guest, stats, Boot, GuestRun};
+use common::{counter, run_guest, stats, Boot, GuestRun};
 use p2plab_guest_tests::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
 
 /// Guest helpers shared by the scripts: the devices by class, their
@@ -201,6 +201,7 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     // peer address (no fault, no byte toward the GPU BAR).
     let nvme = stats(&run, "nvme0");
     assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_write_bytes"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "dma_faults"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "failed_commands"), 0, "{nvme}");
 }
@@ -212,7 +213,8 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
 /// on real hardware. Catches: a kernel that refuses a redirected pair on a
 /// whitelisted CPU, a kernel that stops reporting the redirect (the
 /// warning lines must still be there, without a refusal), and an NVMe
-/// device that DMAs wrong bytes into the GPU BAR (GPU CRC, per-address log).
+/// device that DMAs wrong bytes into the GPU BAR (GPU CRC; the peer path's
+/// counters on both servers).
 #[test]
 fn acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge() {
     let script = format!(
@@ -247,16 +249,7 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
     assert_eq!(run.fact_u64("N2G_BYTES"), 16 << 20);
     run.expect("N2G_GPU_CRC", run.fact("PATTERN_CRC"));
     run.expect("RAM_AFTER_CMP", "0");
-    let log = run.file("nvme0.log");
-    assert_eq!(
-        message_dma_bytes_in(
-            &log,
-            "write",
-            run.fact_u64("GPU_BAR2_START"),
-            run.fact_u64("GPU_BAR2_END")
-        ),
-        16 << 20
-    );
+    assert_peer_path_bytes(&run, 16 << 20, 0);
 }
 
 /// `separate-root-ports-zen`: each device on its own root port of the q35
@@ -265,8 +258,8 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
 /// bridge, and `cpu_supports_p2pdma()` accepts AMD family >= 0x17 whatever
 /// the host bridge. Catches: a vCPU model that no longer shows AMD Zen
 /// (the cpuinfo facts), a kernel that refuses the pair, an NVMe device that
-/// DMAs wrong bytes or to the wrong place through QEMU (GPU CRC, the
-/// server's per-address log inside BAR2), and a GPU that does not publish.
+/// DMAs wrong bytes or to the wrong place (GPU CRC; the peer path's
+/// counters on both servers), and a GPU that does not publish.
 #[test]
 fn zen_host_bridge_allows_p2p_between_root_ports() {
     let g2n = r#"
@@ -314,19 +307,25 @@ echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc 2>/dev/null)"
     run.expect("G2N_READBACK_CRC", run.fact("G2N_GPU_CRC"));
     run.expect("RAM_AFTER_CMP", "0");
 
-    // The NVMe server wrote exactly the 16 MiB into BAR2 (through QEMU:
-    // the peer BAR has no fd) and read the 16 MiB of G2N from it.
-    let bar_start = run.fact_u64("GPU_BAR2_START");
-    let bar_end = run.fact_u64("GPU_BAR2_END");
-    let log = run.file("nvme0.log");
-    assert_eq!(
-        message_dma_bytes_in(&log, "write", bar_start, bar_end),
-        16 << 20
-    );
-    assert_eq!(
-        message_dma_bytes_in(&log, "read", bar_start, bar_end),
-        16 << 20
-    );
+    // The NVMe server wrote exactly the 16 MiB into BAR2 and read the
+    // 16 MiB of G2N from it, straight through gpu0's VRAM (peer path).
+    assert_peer_path_bytes(&run, 16 << 20, 16 << 20);
+}
+
+/// nvme0 moved exactly `written` bytes into and `read` bytes out of gpu0's
+/// BAR2 by the zero-copy peer path (gpu0 is its only peer), none by DMA
+/// message through QEMU, and gpu0 counted the same bytes arriving and
+/// leaving its VRAM.
+fn assert_peer_path_bytes(run: &GuestRun, written: u64, read: u64) {
+    let nvme = stats(run, "nvme0");
+    let gpu = stats(run, "gpu0");
+    assert_eq!(counter(&nvme, "dma_peer_write_bytes"), written, "{nvme}");
+    assert_eq!(counter(&nvme, "dma_peer_read_bytes"), read, "{nvme}");
+    for key in ["dma_message_write_bytes", "dma_message_read_bytes"] {
+        assert_eq!(counter(&nvme, key), 0, "{key}: {nvme}");
+    }
+    assert_eq!(counter(&gpu, "peer_inbound_write_bytes"), written, "{gpu}");
+    assert_eq!(counter(&gpu, "peer_inbound_read_bytes"), read, "{gpu}");
 }
 
 /// `viommu`: the `lab` switch behind intel-iommu (caching-mode=on), the
