@@ -675,10 +675,12 @@ impl OwnerView {
             CounterPage::from_received(counters)
                 .map_err(|why| protocol(format!("counter page: {why}")))?,
         );
+        let memory = PeerMemory::new(memory, size, counters, slot)
+            .map_err(|why| protocol(format!("BAR {bar}: {why}")))?;
         self.bars.insert(
             bar,
             PeerBar {
-                memory: Arc::new(PeerMemory::new(memory, size, counters, slot)),
+                memory: Arc::new(memory),
                 size,
                 window: None,
             },

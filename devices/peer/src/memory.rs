@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use p2plab_vfio_user::{DmaError, LocalMemory};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{FileOffset, VolatileMemory};
 
 /// Bytes of a counter page.
 pub const COUNTER_PAGE: usize = 4096;
@@ -177,24 +179,45 @@ impl Drop for CounterPage {
     }
 }
 
-/// A peer's BAR memory as a DMA window: pread/pwrite on its sealed memfd,
-/// counted in the owner's counter page.
+/// A peer's BAR memory as a DMA window on its sealed memfd, counted in the
+/// owner's counter page.
+///
+/// Writes are copies into a shared mapping of the memfd: one memcpy, as a
+/// write into mmapped guest RAM is (pwrite adds a syscall and a page-cache
+/// lookup per page). Reads stay pread:
+/// a read through the mapping would allocate a page for every hole it
+/// touches, where pread returns zeros and allocates nothing.
 pub struct PeerMemory {
-    file: File,
+    file: Arc<File>,
+    /// The memfd's first `size` bytes. The memfd is sealed against
+    /// shrinking (checked on receipt), so no access inside can fault.
+    mapping: MmapRegion,
     size: u64,
     counters: Arc<CounterPage>,
     slot: u64,
 }
 
 impl PeerMemory {
-    /// Wraps a verified memfd of `size` bytes.
-    pub fn new(fd: OwnedFd, size: u64, counters: Arc<CounterPage>, slot: u64) -> Self {
-        Self {
-            file: File::from(fd),
+    /// Wraps a verified memfd of `size` bytes (sealed against shrinking,
+    /// at least `size` long).
+    pub fn new(fd: OwnedFd, size: u64, counters: Arc<CounterPage>, slot: u64) -> io::Result<Self> {
+        let file = Arc::new(File::from(fd));
+        let len = usize::try_from(size)
+            .map_err(|_| io::Error::other(format!("{size} bytes cannot be mapped here")))?;
+        let mapping = MmapRegion::build(
+            Some(FileOffset::from_arc(Arc::clone(&file), 0)),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+        )
+        .map_err(|e| io::Error::other(format!("mmap of peer memory ({size} bytes): {e}")))?;
+        Ok(Self {
+            file,
+            mapping,
             size,
             counters,
             slot,
-        }
+        })
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<(), DmaError> {
@@ -225,9 +248,16 @@ impl LocalMemory for PeerMemory {
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError> {
         self.check(offset, data.len())?;
-        self.file
-            .write_all_at(data, offset)
-            .map_err(|e| DmaError::Io(format!("pwrite of peer memory: {e}")))?;
+        let start = usize::try_from(offset).map_err(|_| DmaError::OutOfBounds {
+            offset,
+            len: data.len() as u64,
+            size: self.size,
+        })?;
+        self.mapping
+            .as_volatile_slice()
+            .subslice(start, data.len())
+            .map_err(|e| DmaError::Io(format!("peer memory mapping: {e}")))?
+            .copy_from(data);
         self.counters.add(self.slot, data.len() as u64, 0);
         Ok(())
     }
