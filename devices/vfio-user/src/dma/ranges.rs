@@ -214,6 +214,20 @@ impl DmaSpace {
         check_window_memory(len, memory.as_ref(), mem_offset)?;
         let mut map = self.map_mut();
         Self::check_window_free(&map, gpa, len, None)?;
+        let id = Self::insert_window(&mut map, gpa, len, memory, mem_offset, false);
+        debug!(gpa, len, window = id.0, "local window added");
+        Ok(id)
+    }
+
+    /// Inserts a window already checked against the map.
+    fn insert_window(
+        map: &mut AddressMap,
+        gpa: u64,
+        len: u64,
+        memory: Arc<dyn LocalMemory>,
+        mem_offset: u64,
+        peer: bool,
+    ) -> LocalWindowId {
         let id = LocalWindowId(map.next_window);
         map.next_window += 1;
         map.windows.insert(
@@ -224,12 +238,11 @@ impl DmaSpace {
                 len,
                 memory,
                 mem_offset,
-                peer: false,
+                peer,
                 users: Arc::new(RangeUsers::default()),
             }),
         );
-        debug!(gpa, len, window = id.0, "local window added");
-        Ok(id)
+        id
     }
 
     /// Moves a window to `new_gpa` (the guest reprogrammed the BAR).
@@ -309,20 +322,7 @@ impl DmaSpace {
         let mut map = self.map_mut();
         Self::check_window_free(&map, gpa, len, None)?;
         Self::check_no_guest_ram(&map, gpa, len)?;
-        let id = LocalWindowId(map.next_window);
-        map.next_window += 1;
-        map.windows.insert(
-            gpa,
-            Arc::new(LocalWindow {
-                id,
-                gpa,
-                len,
-                memory,
-                mem_offset,
-                peer: true,
-                users: Arc::new(RangeUsers::default()),
-            }),
-        );
+        let id = Self::insert_window(&mut map, gpa, len, memory, mem_offset, true);
         debug!(gpa, len, window = id.0, "peer window added");
         Ok(id)
     }
