@@ -27,7 +27,7 @@
 #![deny(missing_docs)]
 
 mod memory;
-mod wire;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
