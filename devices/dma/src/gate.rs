@@ -67,6 +67,17 @@ impl GuestMemory for BusMasterGate {
     fn locate(&self, addr: u64, len: u64) -> crate::BusTarget {
         self.inner.locate(addr, len)
     }
+
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: crate::Access,
+        f: &mut dyn FnMut(&[crate::VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        let (addr, len) = segments.first().copied().unwrap_or_default();
+        self.check(addr, len)?;
+        self.inner.with_direct(segments, access, f)
+    }
 }
 
 #[cfg(test)]

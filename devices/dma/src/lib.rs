@@ -32,6 +32,8 @@ pub use transport::{fault_kind, SharedRegion};
 
 use std::sync::Arc;
 
+pub use p2plab_vfio_user::{Access, VolatileSlice};
+
 /// Guest-physical memory as a bus master sees it: guest RAM and peer BARs
 /// at their bus addresses. Implementations are cheap to call from any
 /// thread; an access is all-or-nothing from the caller's point of view
@@ -59,6 +61,26 @@ pub trait GuestMemory: Send + Sync {
     fn locate(&self, addr: u64, len: u64) -> BusTarget {
         let _ = (addr, len);
         BusTarget::Unknown
+    }
+
+    /// Zero-copy access to a scatter-gather list: calls `f` once with the
+    /// memory behind every `(addr, len)` of `segments`, in order, when all
+    /// of it can be touched directly for `access` (guest RAM shared with an
+    /// fd, a peer's BAR memory it may write), so that a device can `preadv`
+    /// straight into it. Returns `f`'s answer, or `Ok(None)` without
+    /// calling `f` when the memory must be reached with
+    /// [`read`](Self::read)/[`write`](Self::write) (the default).
+    ///
+    /// The memory stays in use while `f` runs (an unmap waits for it), so
+    /// `f` must be short and wait for nothing the transport does.
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: Access,
+        f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        let _ = (segments, access, f);
+        Ok(None)
     }
 }
 
@@ -111,6 +133,15 @@ impl<T: GuestMemory + ?Sized> GuestMemory for Arc<T> {
     fn locate(&self, addr: u64, len: u64) -> BusTarget {
         (**self).locate(addr, len)
     }
+
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: Access,
+        f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        (**self).with_direct(segments, access, f)
+    }
 }
 
 impl<T: GuestMemory + ?Sized> GuestMemory for &T {
@@ -124,5 +155,14 @@ impl<T: GuestMemory + ?Sized> GuestMemory for &T {
 
     fn locate(&self, addr: u64, len: u64) -> BusTarget {
         (**self).locate(addr, len)
+    }
+
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: Access,
+        f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        (**self).with_direct(segments, access, f)
     }
 }

@@ -10,6 +10,10 @@ pub struct FakeGuestMemory {
     regions: Vec<(u64, HeapRegion)>,
     /// Bases of the regions that stand for a peer device's BAR.
     peer_bases: Vec<u64>,
+    /// Refuse zero-copy access, so models take their copying path.
+    copy_only: bool,
+    /// Bytes handed out by `with_direct`.
+    direct_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl FakeGuestMemory {
@@ -31,6 +35,19 @@ impl FakeGuestMemory {
     pub fn with_peer_region(mut self, base: u64, size: usize) -> Self {
         self.peer_bases.push(base);
         self.with_region(base, size)
+    }
+
+    /// Refuses [`with_direct`](GuestMemory::with_direct), as memory
+    /// reached only by messages does: the model copies.
+    pub fn copy_only(mut self) -> Self {
+        self.copy_only = true;
+        self
+    }
+
+    /// Bytes that went through [`with_direct`](GuestMemory::with_direct)
+    /// so far: tells a test which path a model took.
+    pub fn direct_bytes(&self) -> u64 {
+        self.direct_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn find(&self, addr: u64, len: usize) -> Result<(&HeapRegion, u64), DmaFault> {
@@ -60,6 +77,49 @@ impl GuestMemory for FakeGuestMemory {
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaFault> {
         let (region, offset) = self.find(addr, data.len())?;
         region.write(offset, data)
+    }
+
+    /// Zero-copy as the transport offers it: everything but peer reads
+    /// (and nothing with [`copy_only`](FakeGuestMemory::copy_only)). The
+    /// slices are copies of the regions' bytes, written back after `f`
+    /// succeeds for a write, so the caller's path runs without aliasing
+    /// the regions' heap memory.
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: crate::Access,
+        f: &mut dyn FnMut(&[crate::VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        if self.copy_only {
+            return Ok(None);
+        }
+        let mut copies = Vec::with_capacity(segments.len());
+        for &(addr, len) in segments {
+            let (base, region, offset) = self.find_with_base(addr, len)?;
+            let peer = self.peer_bases.contains(&base);
+            if peer && !matches!(access, crate::Access::Write) {
+                return Ok(None);
+            }
+            let mut bytes = vec![0u8; len];
+            region.read(offset, &mut bytes)?;
+            copies.push(bytes);
+        }
+        let handed_out: usize = copies.iter().map(Vec::len).sum();
+        self.direct_bytes
+            .fetch_add(handed_out as u64, std::sync::atomic::Ordering::Relaxed);
+        let result = {
+            let slices: Vec<crate::VolatileSlice<'_>> = copies
+                .iter_mut()
+                .map(|b| crate::VolatileSlice::from(b.as_mut_slice()))
+                .collect();
+            f(&slices)
+        };
+        if result.is_ok() && !matches!(access, crate::Access::Read) {
+            for (&(addr, _), bytes) in segments.iter().zip(&copies) {
+                self.write(addr, bytes)?;
+            }
+        }
+        Ok(Some(result))
     }
 
     /// Its regions stand for guest RAM, except those added with

@@ -53,6 +53,18 @@ impl GuestMemory for DmaSpace {
         DmaSpace::write(self, addr, data).map_err(|e| fault(addr, data.len(), e))
     }
 
+    fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: crate::Access,
+        f: &mut dyn FnMut(&[crate::VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        DmaSpace::with_slices(self, segments, access, |slices| f(slices)).map_err(|e| {
+            let (addr, len) = segments.first().copied().unwrap_or_default();
+            fault(addr, len, e)
+        })
+    }
+
     fn locate(&self, addr: u64, len: u64) -> BusTarget {
         match self.classify(addr, len) {
             DmaTarget::GuestMemory => BusTarget::Ram,

@@ -180,6 +180,26 @@ impl DataBuffer {
         Ok(out)
     }
 
+    /// The host memory of `[offset, offset+len)` of the buffer as
+    /// `(address, length)` pieces, for a zero-copy transfer; `None` when
+    /// part of it is an SGL Bit Bucket (the data must be cut, so it is
+    /// copied).
+    pub fn direct_segments(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<(u64, usize)>>, Status> {
+        let mut out = Vec::new();
+        for (s, inner, n) in self.pieces(offset, len)? {
+            if s.bit_bucket {
+                return Ok(None);
+            }
+            let n = usize::try_from(n).map_err(|_| Status::INTERNAL_ERROR)?;
+            out.push((s.addr + inner, n));
+        }
+        Ok(Some(out))
+    }
+
     /// Copies `data` into the host buffer starting `offset` bytes in.
     pub fn write_to_host_at(
         &self,

@@ -3,10 +3,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use p2plab_dma::Access;
 use p2plab_fault::LbaRange;
 
 use crate::context::{CommandContext, CommandResult, Outcome};
-use crate::datapointer::{DataPointers, DataTransfer, Direction};
+use crate::datapointer::{DataBuffer, DataPointers, DataTransfer, Direction};
 use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
 use crate::memory::Placement;
 use crate::namespace::{io_error_status, FlushError, MediaAccess, Namespace};
@@ -201,6 +202,62 @@ fn corrupt(data: &mut [u8], first_lba: u64, block_size: u64, range: LbaRange) {
     }
 }
 
+/// Moves `[done, done+n)` of the host buffer `buf` to or from the media at
+/// `offset + done` without a bounce buffer: one preadv/pwritev straight
+/// between the backing file and guest memory (or a peer's BAR memory).
+/// `false` when that memory must be copied (the CMB or PMR, an SGL Bit
+/// Bucket, memory reached only by messages): nothing moved, the caller
+/// copies.
+fn transfer_direct(
+    state: &ControllerState,
+    ns: &Namespace,
+    buf: &DataBuffer,
+    offset: u64,
+    done: u64,
+    n: u64,
+    direction: Direction,
+) -> Result<bool, Status> {
+    let Some(segments) = buf.direct_segments(done, n)? else {
+        return Ok(false);
+    };
+    let at = offset + done;
+    let backend = ns.backend();
+    let (result, media) = match direction {
+        Direction::ToHost => (
+            state
+                .mem
+                .with_direct(&segments, Access::Write, &mut |slices| {
+                    backend.read_vectored_at(at, slices)
+                }),
+            MediaAccess::Read,
+        ),
+        Direction::FromHost => (
+            state
+                .mem
+                .with_direct(&segments, Access::Read, &mut |slices| {
+                    backend.write_vectored_at(at, slices)
+                }),
+            MediaAccess::Write,
+        ),
+    };
+    match result {
+        Ok(None) => Ok(false),
+        Ok(Some(Ok(()))) => {
+            let placement = Placement {
+                host: n,
+                ..Placement::default()
+            };
+            count_data(state, placement, direction);
+            Ok(true)
+        }
+        Ok(Some(Err(e))) => Err(backend_error(state, ns, &e, media)),
+        Err(e) => {
+            tracing::debug!(%e, "zero-copy data transfer failed");
+            Err(Status::DATA_TRANSFER_ERROR)
+        }
+    }
+}
+
 fn read(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     let state = cx.state;
     let ns = namespace(state, f.nsid)?;
@@ -211,6 +268,13 @@ fn read(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
+        // An injected corruption flips bits on the way, so it copies.
+        if cx.corrupt.is_none()
+            && transfer_direct(state, ns, &buf, offset, done, n, Direction::ToHost)?
+        {
+            done += n;
+            continue;
+        }
         let data = cx.buffers.transfer(n as usize);
         ns.backend()
             .read_at(offset + done, data)
@@ -236,6 +300,10 @@ fn write(cx: &mut CommandContext<'_>, f: ReadWrite) -> CommandResult {
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(IO_CHUNK);
+        if transfer_direct(state, ns, &buf, offset, done, n, Direction::FromHost)? {
+            done += n;
+            continue;
+        }
         let data = cx.buffers.transfer(n as usize);
         let placement = buf.read_from_host_at(&state.mem, done, data)?;
         count_data(state, placement, Direction::FromHost);

@@ -11,7 +11,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use p2plab_dma::{checked_range, BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
+use p2plab_dma::{
+    checked_range, Access, BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory,
+    VolatileSlice,
+};
 use p2plab_fault::{Injector, PeerEffect};
 
 use crate::stats::Stats;
@@ -375,6 +378,53 @@ impl DmaRouter {
         s.host_write_bytes
             .fetch_add(placement.host, Ordering::Relaxed);
         Ok(placement)
+    }
+
+    /// Zero-copy access to guest memory for a data transfer: calls `f`
+    /// with the memory behind `segments` (see
+    /// [`GuestMemory::with_direct`]) and counts the bytes as host traffic.
+    /// `Ok(None)`, without calling `f`, when any byte lies in the CMB or
+    /// PMR, when the guest memory can only be copied, or while a
+    /// `peer-fail`/`peer-stall` injection is armed (it acts per copied
+    /// piece): the caller then copies with [`read`](Self::read) /
+    /// [`write`](Self::write).
+    pub fn with_direct(
+        &self,
+        segments: &[(u64, usize)],
+        access: Access,
+        f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
+    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+        if self
+            .peer_faults
+            .as_ref()
+            .is_some_and(|p| p.armed.load(Ordering::Acquire))
+        {
+            return Ok(None);
+        }
+        let mut total = 0u64;
+        for &(addr, len) in segments {
+            let mut pieces = self.pieces(addr, len as u64)?.into_iter();
+            if pieces.any(|(_, _, target)| target != Target::Host) {
+                return Ok(None);
+            }
+            total += len as u64;
+        }
+        let outcome = self
+            .guest
+            .with_direct(segments, access, f)
+            .inspect_err(|_| {
+                self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+            })?;
+        if outcome.is_some() {
+            let s = &self.stats;
+            if matches!(access, Access::Read | Access::ReadWrite) {
+                s.host_read_bytes.fetch_add(total, Ordering::Relaxed);
+            }
+            if matches!(access, Access::Write | Access::ReadWrite) {
+                s.host_write_bytes.fetch_add(total, Ordering::Relaxed);
+            }
+        }
+        Ok(outcome)
     }
 
     pub fn read_u32(&self, addr: u64) -> Result<u32, DmaFault> {

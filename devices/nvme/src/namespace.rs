@@ -10,6 +10,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use p2plab_dma::VolatileSlice;
+
 use crate::spec::{put_u32, put_u64, put_u8, Status};
 
 /// Block storage behind a namespace. Offsets and lengths are in bytes and
@@ -18,6 +20,30 @@ pub trait BlockBackend: Send + Sync {
     fn size(&self) -> u64;
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Reads `offset..` into `bufs`, in order: zero-copy into guest memory
+    /// (one `preadv`). The default copies through a heap buffer.
+    fn read_vectored_at(&self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            let mut bytes = vec![0u8; buf.len()];
+            self.read_at(at, &mut bytes)?;
+            buf.copy_from(&bytes);
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
+    /// Writes `bufs`, in order, at `offset..`: zero-copy from guest memory
+    /// (one `pwritev`). The default copies through a heap buffer.
+    fn write_vectored_at(&self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            let mut bytes = vec![0u8; buf.len()];
+            buf.copy_to(&mut bytes);
+            self.write_at(at, &bytes)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     /// Makes completed writes durable (fdatasync).
     fn flush(&self) -> io::Result<()>;
     /// Deallocates a range; it reads back as zeroes afterwards.
@@ -75,6 +101,100 @@ fn direct_aligned(offset: u64, buf: &[u8]) -> bool {
 }
 
 const ZERO_CHUNK: usize = 1 << 20;
+
+/// Which way [`vectored_io`] moves bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Vectored {
+    /// File to memory (preadv).
+    Read,
+    /// Memory to file (pwritev).
+    Write,
+}
+
+/// At most this many iovecs per preadv/pwritev (Linux's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+
+/// Moves `bufs.len()` slices' worth of bytes between the file at `offset`
+/// and `bufs`, in order, with preadv/pwritev, resuming after short
+/// transfers. `direct` (the O_DIRECT twin of `file`) is used for every
+/// call whose offset and remaining iovecs are all aligned to
+/// [`DIRECT_ALIGN`]; the rest goes through `file`.
+fn vectored_io(
+    file: &File,
+    direct: Option<&File>,
+    offset: u64,
+    bufs: &[VolatileSlice<'_>],
+    way: Vectored,
+) -> io::Result<()> {
+    let mut iovecs: Vec<libc::iovec> = bufs
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| libc::iovec {
+            iov_base: b.ptr_guard_mut().as_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    let mut first = 0usize;
+    let mut at = offset;
+    while first < iovecs.len() {
+        let batch = &iovecs[first..iovecs.len().min(first + IOV_MAX)];
+        let aligned = at.is_multiple_of(DIRECT_ALIGN as u64)
+            && batch.iter().all(|v| {
+                (v.iov_base as usize).is_multiple_of(DIRECT_ALIGN)
+                    && v.iov_len.is_multiple_of(DIRECT_ALIGN)
+            });
+        let fd = match direct {
+            Some(direct) if aligned => direct.as_raw_fd(),
+            _ => file.as_raw_fd(),
+        };
+        let file_offset =
+            libc::off_t::try_from(at).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // `batch` holds at most IOV_MAX entries.
+        let count = batch.len() as libc::c_int;
+        let n = match way {
+            // SAFETY: every iovec points into a VolatileSlice of `bufs`,
+            // which the caller keeps mapped (and its range in use) for the
+            // call; the kernel writes at most iov_len bytes to each, and
+            // the fd is borrowed from a File that outlives the call.
+            Vectored::Read => unsafe { libc::preadv(fd, batch.as_ptr(), count, file_offset) },
+            // SAFETY: as for preadv; the kernel only reads the memory.
+            Vectored::Write => unsafe { libc::pwritev(fd, batch.as_ptr(), count, file_offset) },
+        };
+        let n = match usize::try_from(n) {
+            Ok(0) => {
+                return Err(match way {
+                    Vectored::Read => io::Error::from(io::ErrorKind::UnexpectedEof),
+                    Vectored::Write => io::Error::from(io::ErrorKind::WriteZero),
+                })
+            }
+            Ok(n) => n,
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
+        at += n as u64;
+        // Skip what was moved: whole iovecs, then part of the next.
+        let mut left = n;
+        while left > 0 {
+            let Some(v) = iovecs.get_mut(first) else {
+                break;
+            };
+            if left >= v.iov_len {
+                left -= v.iov_len;
+                first += 1;
+            } else {
+                v.iov_base = v.iov_base.cast::<u8>().wrapping_add(left).cast();
+                v.iov_len -= left;
+                left = 0;
+            }
+        }
+    }
+    Ok(())
+}
 
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
@@ -217,6 +337,26 @@ impl BlockBackend for FileBackend {
             Some(direct) if direct_aligned(offset, data) => direct.write_all_at(data, offset),
             _ => self.file.write_all_at(data, offset),
         }
+    }
+
+    fn read_vectored_at(&self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<()> {
+        vectored_io(
+            &self.file,
+            self.direct.as_ref(),
+            offset,
+            bufs,
+            Vectored::Read,
+        )
+    }
+
+    fn write_vectored_at(&self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<()> {
+        vectored_io(
+            &self.file,
+            self.direct.as_ref(),
+            offset,
+            bufs,
+            Vectored::Write,
+        )
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -743,6 +883,68 @@ mod tests {
         assert_eq!(&row[10..20], &[0; 10]);
         assert_eq!(&row[20..], &[9; 30]);
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// Catches a zero-copy transfer that drops, repeats or misplaces bytes:
+    /// more iovecs than one preadv takes (two calls), odd lengths and an
+    /// empty slice, compared byte for byte with plain pread/pwrite, on both
+    /// cachings (O_DIRECT for the aligned pieces).
+    #[test]
+    fn vectored_transfers_match_plain_ones() {
+        for caching in [Caching::Page, Caching::Direct] {
+            let path = temp_path(&format!("vectored-{caching:?}"));
+            let _ = std::fs::remove_file(&path);
+            let b = FileBackend::open(&path, Some(4 << 20), caching).unwrap();
+            // 1500 pieces of 1..=7 bytes, one empty, then four aligned pages.
+            let mut lens: Vec<usize> = (0..1500).map(|i| 1 + i % 7).collect();
+            lens[700] = 0;
+            let odd: usize = lens.iter().sum();
+            let mut storage = vec![0u8; odd + 6 * DIRECT_ALIGN];
+            let pattern: Vec<u8> = (0..storage.len()).map(|i| (i * 13 % 251) as u8).collect();
+            storage.copy_from_slice(&pattern);
+            let aligned_start = odd + storage[odd..].as_ptr().align_offset(DIRECT_ALIGN);
+            lens.push(aligned_start - odd);
+            lens.extend([DIRECT_ALIGN; 4]);
+            let total: usize = lens.iter().sum();
+            let source = storage[..total].to_vec();
+            {
+                let mut rest = &mut storage[..total];
+                let mut slices = Vec::new();
+                for len in &lens {
+                    let (head, tail) = rest.split_at_mut(*len);
+                    slices.push(VolatileSlice::from(head));
+                    rest = tail;
+                }
+                b.write_vectored_at(8192, &slices).unwrap();
+            }
+            let mut plain = vec![0u8; total];
+            b.read_at(8192, &mut plain).unwrap();
+            assert_eq!(
+                plain, source,
+                "{caching:?}: pwritev wrote the slices in order"
+            );
+            storage[..total].fill(0);
+            {
+                let mut rest = &mut storage[..total];
+                let mut slices = Vec::new();
+                for len in &lens {
+                    let (head, tail) = rest.split_at_mut(*len);
+                    slices.push(VolatileSlice::from(head));
+                    rest = tail;
+                }
+                b.read_vectored_at(8192, &slices).unwrap();
+            }
+            assert_eq!(
+                &storage[..total],
+                &source[..],
+                "{caching:?}: preadv read them back"
+            );
+            // A read past the end is an error, not a short success.
+            let mut tail = [0u8; 16];
+            let slices = [VolatileSlice::from(&mut tail[..])];
+            assert!(b.read_vectored_at((4 << 20) - 8, &slices).is_err());
+            let _ = std::fs::remove_file(&path);
+        }
     }
 
     /// Catches a direct backend that loses data between its O_DIRECT and

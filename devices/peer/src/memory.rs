@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use p2plab_vfio_user::{DmaError, LocalMemory};
+use p2plab_vfio_user::{Access, DmaError, LocalMemory, VolatileSlice};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{FileOffset, VolatileMemory};
 
@@ -244,6 +244,22 @@ impl LocalMemory for PeerMemory {
             .map_err(|e| DmaError::Io(format!("pread of peer memory: {e}")))?;
         self.counters.add(self.slot, 0, buf.len() as u64);
         Ok(())
+    }
+
+    /// Writes only: a read through the mapping would allocate holes.
+    fn direct_slice(&self, offset: u64, len: usize, access: Access) -> Option<VolatileSlice<'_>> {
+        if !matches!(access, Access::Write) {
+            return None;
+        }
+        self.check(offset, len).ok()?;
+        let start = usize::try_from(offset).ok()?;
+        self.mapping.as_volatile_slice().subslice(start, len).ok()
+    }
+
+    fn note_direct(&self, len: usize, access: Access) {
+        if matches!(access, Access::Write) {
+            self.counters.add(self.slot, len as u64, 0);
+        }
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError> {

@@ -1,7 +1,7 @@
 //! Two registries in one process over a temp folder, without QEMU.
 
 use super::*;
-use p2plab_vfio_user::{DmaTarget, LocalMemory, Perms, SharedMemory};
+use p2plab_vfio_user::{Access, DmaTarget, LocalMemory, Perms, SharedMemory};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::AtomicUsize;
 
@@ -100,6 +100,30 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
         }
     );
 
+    // Zero-copy (an NVMe preadv straight into VRAM): writes are handed
+    // out and counted on both sides; reads are not (a read through the
+    // mapping would allocate VRAM holes), so the caller copies.
+    let wrote = nvme_dma
+        .with_slices(&[(PLACE_A, 16), (PLACE_A + 8192, 16)], Access::Write, |s| {
+            s.iter().for_each(|s| s.copy_from(&[0xabu8; 16]));
+            s.len()
+        })
+        .unwrap();
+    assert_eq!(wrote, Some(2));
+    let mut seen = [0u8; 16];
+    vram.read_exact_at(&mut seen, 8192).unwrap();
+    assert_eq!(seen, [0xab; 16]);
+    assert_eq!(
+        nvme_dma
+            .with_slices(&[(PLACE_A, 16)], Access::Read, |_| ())
+            .unwrap(),
+        None
+    );
+    let stats = nvme_dma.stats();
+    assert_eq!(stats.peer.write_bytes, 8192 + 32);
+    assert_eq!(stats.peer.read_bytes, 4096);
+    assert_eq!(gpu.inbound(2).written, 8192 + 32);
+
     gpu.set_placement(2, Some(PLACE_B));
     assert_eq!(nvme_dma.peer_windows(), vec![(PLACE_B, BAR_SIZE)]);
     assert_eq!(nvme_dma.classify(PLACE_A, 4096), DmaTarget::Unmapped);
@@ -124,7 +148,7 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
     assert_eq!(
         gpu.inbound(2),
         Inbound {
-            written: 8192,
+            written: 8192 + 32,
             read: 8192
         },
         "counts of a user gone are kept"

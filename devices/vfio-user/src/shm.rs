@@ -146,8 +146,14 @@ impl LocalMemory for SharedMemory {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError> {
         SharedMemory::write_at(self, offset, data)
     }
-    fn volatile_slice(&self) -> Option<VolatileSlice<'_>> {
-        Some(self.as_volatile_slice())
+    fn direct_slice(
+        &self,
+        offset: u64,
+        len: usize,
+        _access: crate::dma::Access,
+    ) -> Option<VolatileSlice<'_>> {
+        let start = usize::try_from(offset).ok()?;
+        self.as_volatile_slice().subslice(start, len).ok()
     }
 }
 

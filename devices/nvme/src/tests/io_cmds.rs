@@ -619,3 +619,88 @@ fn transfers_larger_than_the_bounce_chunk_without_mdts() {
         "difference in the last piece"
     );
 }
+
+/// Guest memory that only copies: the transport's answer for memory
+/// reached by messages.
+struct CopyOnly(Arc<dyn p2plab_dma::GuestMemory>);
+
+impl p2plab_dma::GuestMemory for CopyOnly {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), p2plab_dma::DmaFault> {
+        self.0.read(addr, buf)
+    }
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), p2plab_dma::DmaFault> {
+        self.0.write(addr, data)
+    }
+}
+
+/// Catches a zero-copy data path (preadv/pwritev straight between the
+/// backing file and guest memory) that differs from the copying one: the
+/// same PRP-list write, SGL read with an odd offset, and a read with a Bit
+/// Bucket, through both, on a file namespace; the bytes, the data counters
+/// and the path taken must be as expected.
+#[test]
+fn zero_copy_and_copying_data_paths_agree() {
+    for copy in [false, true] {
+        let path =
+            std::env::temp_dir().join(format!("p2plab-nvme-zc-{}-{copy}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let backend: Arc<dyn BlockBackend> =
+            Arc::new(FileBackend::open(&path, Some(4 << 20), Caching::Page).unwrap());
+        let mut h = Host::wrapped(test_config(), vec![namespace_on(1, backend, 512)], |g| {
+            if copy {
+                Arc::new(CopyOnly(g))
+            } else {
+                g
+            }
+        });
+        h.enable();
+        h.create_pair(1);
+        let len = 40 * 512;
+        let data = pattern(len, 9);
+        let first = DATA + 0x200;
+        let pages: Vec<u64> = (1..=5).map(|i| DATA + 0x1_0000 + i * 0x2000).collect();
+        let list = DATA + 0x8000;
+        let list_bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
+        h.poke(list, &list_bytes);
+        h.poke(first, &data[..0xe00]);
+        let mut at = 0xe00;
+        for p in &pages {
+            let n = (len - at).min(4096);
+            h.poke(*p, &data[at..at + n]);
+            at += n;
+        }
+        let w = rw(op::WRITE, 100, 40).prp1(first).prp2(list).build();
+        assert_eq!(h.io(1, w).status, Status::SUCCESS);
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[100 * 512..140 * 512], &data[..], "copy={copy}");
+        let back = DATA + 0x10_0000 + 3;
+        let r = rw(op::READ, 100, 40)
+            .sgl1(sgl_descriptor(0, back, len as u32))
+            .build();
+        assert_eq!(h.io(1, r).status, Status::SUCCESS);
+        assert_eq!(h.peek(back, len), data, "copy={copy}");
+        let direct = h.guest.direct_bytes();
+        assert_eq!(direct, if copy { 0 } else { 2 * len as u64 }, "copy={copy}");
+        // A Bit Bucket in the middle always copies (the data is cut).
+        let seg = DATA + 0x3_0000;
+        let descs = [
+            sgl_descriptor(0, DATA + 0x20_0000, 512),
+            sgl_descriptor(1, 0, 512),
+            sgl_descriptor(0, DATA + 0x20_1000, 512),
+        ];
+        let bytes: Vec<u8> = descs.iter().flatten().copied().collect();
+        h.poke(seg, &bytes);
+        let sgl = sgl_descriptor(3, seg, bytes.len() as u32);
+        let r = rw(op::READ, 100, 3).sgl1(sgl).build();
+        assert_eq!(h.io(1, r).status, Status::SUCCESS);
+        assert_eq!(h.peek(DATA + 0x20_0000, 512), &data[..512]);
+        assert_eq!(h.peek(DATA + 0x20_1000, 512), &data[1024..1536]);
+        assert_eq!(h.guest.direct_bytes(), direct, "bit bucket copied");
+        let s = h.ctrl.stats().counters;
+        assert_eq!(s.data_from_host_bytes, len as u64);
+        assert_eq!(s.data_to_host_bytes, len as u64 + 1024);
+        assert!(s.host_write_bytes >= len as u64 + 1024);
+        drop(h);
+        let _ = std::fs::remove_file(&path);
+    }
+}

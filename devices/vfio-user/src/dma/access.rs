@@ -232,9 +232,10 @@ impl DmaSpace {
     }
 
     /// Zero-copy access: calls `f` with the memory behind `[gpa, gpa+len)`
-    /// if it lies in one fd-backed client range or one local window backed
-    /// by plain memory. Anything else (message-only, split across ranges,
-    /// unmapped) is an error, and the caller falls back to `read`/`write`.
+    /// if it lies in one fd-backed client range or one local window whose
+    /// memory may be touched directly for `access`. Anything else
+    /// (message-only, split across ranges, unmapped, a peer window read) is
+    /// an error, and the caller falls back to `read`/`write`.
     ///
     /// The range stays in use while `f` runs: a DMA_UNMAP of it (or a reset
     /// or disconnect) waits for `f` to return before it is answered, so
@@ -250,59 +251,107 @@ impl DmaSpace {
         access: Access,
         f: impl FnOnce(VolatileSlice<'_>) -> R,
     ) -> Result<R, DmaError> {
-        let chunks = self.resolve(gpa, len, access)?;
         let not_direct = DmaError::NotDirect {
             gpa,
             len: len as u64,
         };
-        let counters = match chunks.first() {
-            Some(Chunk::Mmap { .. }) => &self.inner.mmap,
-            Some(Chunk::Local { window, .. }) if window.peer => &self.inner.peer,
-            Some(Chunk::Local { .. }) => &self.inner.local,
-            _ => return Err(not_direct),
+        let chunks = self.resolve(gpa, len, access)?;
+        if chunks.len() != 1 {
+            return Err(not_direct);
+        }
+        let slices = self.direct_slices(&chunks, access)?.ok_or(not_direct)?;
+        let [slice] = slices.as_slice() else {
+            return Err(DmaError::Invalid("internal: one chunk, several slices"));
         };
-        // Counted only once the memory is really handed out: a caller
-        // that gets NotDirect falls back to read/write, which count.
-        let count = || {
+        self.count_direct(&chunks, access);
+        debug!(gpa, len, "zero-copy access");
+        Ok(f(*slice))
+    }
+
+    /// Zero-copy access to several ranges at once (a command's
+    /// scatter-gather list): calls `f` with the memory behind each
+    /// `(gpa, len)` of `segments`, in order, as one or more slices each,
+    /// when every byte of them is fd-backed guest memory or a local window
+    /// that may be touched directly for `access`. Otherwise `f` is not
+    /// called and the answer is `Ok(None)`: the caller moves the data with
+    /// `read`/`write`, which reach every kind of memory. Unmapped bytes
+    /// and missing permissions are errors, as for `read`/`write`.
+    ///
+    /// Every range stays in use while `f` runs, with the contract of
+    /// [`with_slice`](Self::with_slice): `f` must be short (a `preadv` into
+    /// the slices is the intended use). The bytes are counted on their
+    /// paths once the memory is handed out.
+    pub fn with_slices<R>(
+        &self,
+        segments: &[(u64, usize)],
+        access: Access,
+        f: impl FnOnce(&[VolatileSlice<'_>]) -> R,
+    ) -> Result<Option<R>, DmaError> {
+        let mut chunks = Vec::with_capacity(segments.len());
+        for &(gpa, len) in segments {
+            chunks.extend(self.resolve(gpa, len, access)?);
+        }
+        let Some(slices) = self.direct_slices(&chunks, access)? else {
+            return Ok(None);
+        };
+        self.count_direct(&chunks, access);
+        debug!(
+            segments = segments.len(),
+            slices = slices.len(),
+            "zero-copy access"
+        );
+        Ok(Some(f(&slices)))
+    }
+
+    /// The memory behind resolved chunks, if all of it may be touched
+    /// directly for `access`.
+    fn direct_slices<'c>(
+        &self,
+        chunks: &'c [Chunk],
+        access: Access,
+    ) -> Result<Option<Vec<VolatileSlice<'c>>>, DmaError> {
+        let mut slices = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            let slice = match chunk {
+                Chunk::Mmap {
+                    range, offset, len, ..
+                } => mmap_slice(range, *offset, *len)?,
+                // A peer window is read with pread: a read through its
+                // mapping would allocate a page for every hole it touches.
+                Chunk::Local { window, .. } if window.peer && access.reads() => return Ok(None),
+                Chunk::Local {
+                    window,
+                    offset,
+                    len,
+                    ..
+                } => match window.memory.direct_slice(*offset, *len, access) {
+                    Some(slice) if slice.len() == *len => slice,
+                    _ => return Ok(None),
+                },
+                Chunk::File { .. } | Chunk::Message { .. } => return Ok(None),
+            };
+            slices.push(slice);
+        }
+        Ok(Some(slices))
+    }
+
+    /// Counts memory handed out directly on its paths (a caller that got
+    /// no slices falls back to read/write, which count).
+    fn count_direct(&self, chunks: &[Chunk], access: Access) {
+        for chunk in chunks {
+            let counters = match chunk {
+                Chunk::Local { window, .. } => {
+                    window.memory.note_direct(chunk.len(), access);
+                    self.window_counters(window)
+                }
+                _ => &self.inner.mmap,
+            };
             if access.reads() {
-                counters.record_read(len);
+                counters.record_read(chunk.len());
             }
             if access.writes() {
-                counters.record_write(len);
+                counters.record_write(chunk.len());
             }
-        };
-        match chunks.as_slice() {
-            [Chunk::Mmap {
-                range, offset, len, ..
-            }] => {
-                let slice = mmap_slice(range, *offset, *len)?;
-                debug!(gpa, len, "zero-copy guest memory access");
-                count();
-                Ok(f(slice))
-            }
-            [Chunk::Local {
-                window,
-                offset,
-                len,
-                ..
-            }] => {
-                let whole = window.memory.volatile_slice().ok_or(not_direct)?;
-                let start = usize::try_from(*offset).map_err(|_| DmaError::Overflow {
-                    gpa,
-                    len: *len as u64,
-                })?;
-                let slice = whole
-                    .subslice(start, *len)
-                    .map_err(|_| DmaError::OutOfBounds {
-                        offset: *offset,
-                        len: *len as u64,
-                        size: window.memory.size(),
-                    })?;
-                debug!(gpa, len, "zero-copy local window access");
-                count();
-                Ok(f(slice))
-            }
-            _ => Err(not_direct),
         }
     }
 

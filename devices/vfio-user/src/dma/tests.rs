@@ -753,3 +753,63 @@ fn unmap_reaching_the_top_of_the_address_space_removes_what_is_there() {
         Err(DmaError::Overflow { .. })
     ));
 }
+
+/// Catches a zero-copy scatter-gather access that hands out memory it
+/// must not (bytes reached only by messages, an unmapped hole) or in the
+/// wrong order, or that counts bytes it did not hand out.
+#[test]
+fn scatter_gather_zero_copy_is_all_or_nothing() {
+    let dma = DmaSpace::new();
+    let ram = guest_ram(2 * MIB);
+    // Two ranges back to back in gpa, far apart in the file, and a window.
+    map_ram(&dma, &ram, 0x10_0000, 0x1000, Perms::READ_WRITE, MIB);
+    map_ram(&dma, &ram, 0x10_1000, 0x1000, Perms::READ_WRITE, 0);
+    let bar = guest_ram(0x1000);
+    dma.add_local_window(0x9000, 0x1000, bar.clone(), 0)
+        .unwrap();
+    dma.map_message_only(0x20_0000, 0x1000, Perms::READ_WRITE)
+        .unwrap();
+    let segments = [(0x10_0ff0, 0x20), (0x9008, 4)];
+    let lens = dma
+        .with_slices(&segments, Access::Write, |slices| {
+            let mut byte = 0u8;
+            for s in slices {
+                let fill: Vec<u8> = (0..s.len())
+                    .map(|_| {
+                        byte += 1;
+                        byte
+                    })
+                    .collect();
+                s.copy_from(&fill);
+            }
+            slices.iter().map(|s| s.len()).collect::<Vec<_>>()
+        })
+        .unwrap();
+    assert_eq!(lens, Some(vec![0x10, 0x10, 4]), "split at the range edge");
+    let mut first = [0u8; 0x10];
+    ram.read_at(MIB + 0xff0, &mut first).unwrap();
+    let mut second = [0u8; 0x10];
+    ram.read_at(0, &mut second).unwrap();
+    let mut third = [0u8; 4];
+    bar.read_at(8, &mut third).unwrap();
+    let all: Vec<u8> = [&first[..], &second[..], &third[..]].concat();
+    assert_eq!(all, (1..=0x24).collect::<Vec<u8>>());
+    let stats = dma.stats();
+    assert_eq!(stats.mmap.write_bytes, 0x20);
+    assert_eq!(stats.local.write_bytes, 4);
+    // One byte behind messages: nothing handed out, nothing counted.
+    let mut called = false;
+    let none = dma
+        .with_slices(&[(0x10_0000, 8), (0x20_0000, 8)], Access::Read, |_| {
+            called = true
+        })
+        .unwrap();
+    assert_eq!(none, None);
+    assert!(!called);
+    assert_eq!(dma.stats().mmap.read_bytes, 0);
+    // A hole is an error, as for read/write.
+    assert!(matches!(
+        dma.with_slices(&[(0x10_0000, 8), (0x30_0000, 8)], Access::Read, |_| ()),
+        Err(DmaError::Unmapped { .. })
+    ));
+}

@@ -255,9 +255,18 @@ pub trait LocalMemory: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError>;
     /// Copies `data` to `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError>;
-    /// The whole memory for zero-copy access, if it is plain host memory.
-    fn volatile_slice(&self) -> Option<VolatileSlice<'_>> {
+    /// Zero-copy: the memory behind `[offset, offset+len)` for an access
+    /// of kind `access`, when it may be touched directly for that kind;
+    /// `None` makes the caller copy with `read_at`/`write_at`.
+    fn direct_slice(&self, offset: u64, len: usize, access: Access) -> Option<VolatileSlice<'_>> {
+        let _ = (offset, len, access);
         None
+    }
+    /// `len` bytes were moved through slices from
+    /// [`direct_slice`](Self::direct_slice): a memory that keeps its own
+    /// counters (a peer's counter page) counts them here.
+    fn note_direct(&self, len: usize, access: Access) {
+        let _ = (len, access);
     }
 }
 
