@@ -220,6 +220,19 @@ impl PeerMemory {
         })
     }
 
+    /// Whether `[offset, offset+len)` of the memfd is all allocated
+    /// (SEEK_HOLE finds the first hole at or past its end).
+    fn has_no_hole(&self, offset: u64, len: u64) -> bool {
+        let Ok(start) = libc::off_t::try_from(offset) else {
+            return false;
+        };
+        // SAFETY: lseek reads only its integer arguments; the fd belongs
+        // to `self.file`, open for the call. The file position it moves
+        // is not used (every access is positioned).
+        let hole = unsafe { libc::lseek(self.file.as_raw_fd(), start, libc::SEEK_HOLE) };
+        u64::try_from(hole).is_ok_and(|hole| hole >= offset.saturating_add(len))
+    }
+
     fn check(&self, offset: u64, len: usize) -> Result<(), DmaError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(()),
@@ -246,19 +259,25 @@ impl LocalMemory for PeerMemory {
         Ok(())
     }
 
-    /// Writes only: a read through the mapping would allocate holes.
+    /// Writes always; reads only of a range without holes, since a read
+    /// through the mapping allocates a page for every hole it touches
+    /// (pread, the copying path, returns zeros instead). A hole punched
+    /// while the read runs costs a page, never wrong data.
     fn direct_slice(&self, offset: u64, len: usize, access: Access) -> Option<VolatileSlice<'_>> {
-        if !matches!(access, Access::Write) {
+        self.check(offset, len).ok()?;
+        if access.reads() && !self.has_no_hole(offset, len as u64) {
             return None;
         }
-        self.check(offset, len).ok()?;
         let start = usize::try_from(offset).ok()?;
         self.mapping.as_volatile_slice().subslice(start, len).ok()
     }
 
     fn note_direct(&self, len: usize, access: Access) {
-        if matches!(access, Access::Write) {
-            self.counters.add(self.slot, len as u64, 0);
+        let len = len as u64;
+        match access {
+            Access::Write => self.counters.add(self.slot, len, 0),
+            Access::Read => self.counters.add(self.slot, 0, len),
+            Access::ReadWrite => self.counters.add(self.slot, len, len),
         }
     }
 

@@ -101,8 +101,8 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
     );
 
     // Zero-copy (an NVMe preadv straight into VRAM): writes are handed
-    // out and counted on both sides; reads are not (a read through the
-    // mapping would allocate VRAM holes), so the caller copies.
+    // out and counted on both sides; reads only where VRAM has no hole (a
+    // read through the mapping would allocate one), else the caller copies.
     let wrote = nvme_dma
         .with_slices(&[(PLACE_A, 16), (PLACE_A + 8192, 16)], Access::Write, |s| {
             s.iter().for_each(|s| s.copy_from(&[0xabu8; 16]));
@@ -113,16 +113,36 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
     let mut seen = [0u8; 16];
     vram.read_exact_at(&mut seen, 8192).unwrap();
     assert_eq!(seen, [0xab; 16]);
+    let hole = 1 << 20;
     assert_eq!(
         nvme_dma
-            .with_slices(&[(PLACE_A, 16)], Access::Read, |_| ())
+            .with_slices(&[(PLACE_A, 16), (PLACE_A + hole, 16)], Access::Read, |_| ())
             .unwrap(),
-        None
+        None,
+        "a hole: copied"
     );
+    let read = nvme_dma
+        .with_slices(&[(PLACE_A + 8192, 16)], Access::Read, |s| {
+            let mut b = [0u8; 16];
+            s[0].copy_to(&mut b[..]);
+            b
+        })
+        .unwrap();
+    assert_eq!(read, Some([0xab; 16]));
     let stats = nvme_dma.stats();
     assert_eq!(stats.peer.write_bytes, 8192 + 32);
-    assert_eq!(stats.peer.read_bytes, 4096);
-    assert_eq!(gpu.inbound(2).written, 8192 + 32);
+    assert_eq!(stats.peer.read_bytes, 4096 + 16);
+    assert_eq!(
+        gpu.inbound(2),
+        Inbound {
+            written: 8192 + 32,
+            read: 4096 + 16
+        }
+    );
+    assert!(
+        vram.metadata().unwrap().blocks() * 512 < hole,
+        "no page of the hole was allocated"
+    );
 
     gpu.set_placement(2, Some(PLACE_B));
     assert_eq!(nvme_dma.peer_windows(), vec![(PLACE_B, BAR_SIZE)]);
@@ -149,7 +169,7 @@ fn a_peer_window_follows_the_owners_placement_synchronously() {
         gpu.inbound(2),
         Inbound {
             written: 8192 + 32,
-            read: 8192
+            read: 8192 + 16
         },
         "counts of a user gone are kept"
     );

@@ -233,9 +233,10 @@ impl DmaSpace {
 
     /// Zero-copy access: calls `f` with the memory behind `[gpa, gpa+len)`
     /// if it lies in one fd-backed client range or one local window whose
-    /// memory may be touched directly for `access`. Anything else
-    /// (message-only, split across ranges, unmapped, a peer window read) is
-    /// an error, and the caller falls back to `read`/`write`.
+    /// memory may be touched directly for `access` (its
+    /// [`LocalMemory::direct_slice`] says). Anything else (message-only,
+    /// split across ranges, unmapped) is an error, and the caller falls
+    /// back to `read`/`write`.
     ///
     /// The range stays in use while `f` runs: a DMA_UNMAP of it (or a reset
     /// or disconnect) waits for `f` to return before it is answered, so
@@ -323,9 +324,6 @@ impl DmaSpace {
                 Chunk::Mmap {
                     range, offset, len, ..
                 } => mmap_slice(range, *offset, *len)?,
-                // A peer window is read with pread: a read through its
-                // mapping would allocate a page for every hole it touches.
-                Chunk::Local { window, .. } if window.peer && access.reads() => return Ok(None),
                 Chunk::Local {
                     window,
                     offset,

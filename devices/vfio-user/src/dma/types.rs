@@ -215,10 +215,12 @@ pub enum Access {
 }
 
 impl Access {
-    pub(super) fn reads(self) -> bool {
+    /// Whether the access reads memory (needs read permission).
+    pub fn reads(self) -> bool {
         matches!(self, Access::Read | Access::ReadWrite)
     }
-    pub(super) fn writes(self) -> bool {
+    /// Whether the access writes memory (needs write permission).
+    pub fn writes(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
     }
 }
