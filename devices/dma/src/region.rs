@@ -19,6 +19,13 @@ pub trait RegionMemory: Send + Sync {
     fn flush(&self) -> Result<(), DmaFault> {
         Ok(())
     }
+    /// Zero-copy: the memory of `[offset, offset+len)` when it is plain
+    /// process memory (shared memory a client maps too); `None` makes the
+    /// caller copy with read/write.
+    fn direct_slice(&self, offset: u64, len: usize) -> Option<crate::VolatileSlice<'_>> {
+        let _ = (offset, len);
+        None
+    }
 }
 
 /// `[offset, offset + len)` as indices into a region of `size` bytes, or

@@ -115,6 +115,14 @@ impl RegionMemory for SharedRegion {
             .write_at(offset, data)
             .map_err(|e| fault(offset, data.len(), e))
     }
+
+    fn direct_slice(&self, offset: u64, len: usize) -> Option<crate::VolatileSlice<'_>> {
+        let range = crate::region::checked_range(offset, len, self.size).ok()?;
+        self.memory
+            .as_volatile_slice()
+            .subslice(range.start, len)
+            .ok()
+    }
 }
 
 #[cfg(test)]

@@ -205,9 +205,9 @@ fn corrupt(data: &mut [u8], first_lba: u64, block_size: u64, range: LbaRange) {
 /// Moves `[done, done+n)` of the host buffer `buf` to or from the media at
 /// `offset + done` without a bounce buffer: one preadv/pwritev straight
 /// between the backing file and guest memory (or a peer's BAR memory).
-/// `false` when that memory must be copied (the CMB or PMR, an SGL Bit
-/// Bucket, memory reached only by messages): nothing moved, the caller
-/// copies.
+/// `false` when that memory must be copied (a buffer mixing the CMB and
+/// guest memory, the PMR, an SGL Bit Bucket, memory reached only by
+/// messages): nothing moved, the caller copies.
 fn transfer_direct(
     state: &ControllerState,
     ns: &Namespace,
@@ -242,15 +242,11 @@ fn transfer_direct(
     };
     match result {
         Ok(None) => Ok(false),
-        Ok(Some(Ok(()))) => {
-            let placement = Placement {
-                host: n,
-                ..Placement::default()
-            };
+        Ok(Some((placement, Ok(())))) => {
             count_data(state, placement, direction);
             Ok(true)
         }
-        Ok(Some(Err(e))) => Err(backend_error(state, ns, &e, media)),
+        Ok(Some((_, Err(e)))) => Err(backend_error(state, ns, &e, media)),
         Err(e) => {
             tracing::debug!(%e, "zero-copy data transfer failed");
             Err(Status::DATA_TRANSFER_ERROR)

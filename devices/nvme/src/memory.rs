@@ -380,11 +380,12 @@ impl DmaRouter {
         Ok(placement)
     }
 
-    /// Zero-copy access to guest memory for a data transfer: calls `f`
-    /// with the memory behind `segments` (see
-    /// [`GuestMemory::with_direct`]) and counts the bytes as host traffic.
-    /// `Ok(None)`, without calling `f`, when any byte lies in the CMB or
-    /// PMR, when the guest memory can only be copied, or while a
+    /// Zero-copy access for a data transfer: calls `f` with the memory
+    /// behind `segments` (see [`GuestMemory::with_direct`]), or with the
+    /// CMB's own memory when every byte lies there, and says where the
+    /// bytes were. `Ok(None)`, without calling `f`, when the buffer mixes
+    /// windows and guest memory, when the memory can only be copied (the
+    /// file-backed PMR, memory reached by messages), or while a
     /// `peer-fail`/`peer-stall` injection is armed (it acts per copied
     /// piece): the caller then copies with [`read`](Self::read) /
     /// [`write`](Self::write).
@@ -393,7 +394,7 @@ impl DmaRouter {
         segments: &[(u64, usize)],
         access: Access,
         f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
-    ) -> Result<Option<std::io::Result<()>>, DmaFault> {
+    ) -> Result<Option<(Placement, std::io::Result<()>)>, DmaFault> {
         if self
             .peer_faults
             .as_ref()
@@ -402,12 +403,49 @@ impl DmaRouter {
             return Ok(None);
         }
         let mut total = 0u64;
+        let mut local = Vec::new();
+        let mut host = 0usize;
         for &(addr, len) in segments {
-            let mut pieces = self.pieces(addr, len as u64)?.into_iter();
-            if pieces.any(|(_, _, target)| target != Target::Host) {
-                return Ok(None);
+            for (_, n, target) in self.pieces(addr, len as u64)? {
+                match self.local(target) {
+                    Some((memory, offset)) => local.push((memory, offset, target, n)),
+                    None => host += 1,
+                }
             }
             total += len as u64;
+        }
+        if !local.is_empty() {
+            // Wholly in the CMB/PMR (a copy between two queues' buffers
+            // there, a peer's data staged in it): hand out our own memory.
+            // A buffer that mixes windows and guest memory copies.
+            if host > 0 {
+                return Ok(None);
+            }
+            let mut slices = Vec::with_capacity(local.len());
+            for &(memory, offset, _, n) in &local {
+                let n =
+                    usize::try_from(n).map_err(|_| DmaFault::unmapped(offset, n, "too long"))?;
+                match memory.direct_slice(offset, n) {
+                    Some(slice) => slices.push(slice),
+                    None => return Ok(None),
+                }
+            }
+            let mut placement = Placement::default();
+            for &(_, _, target, n) in &local {
+                Self::account(&mut placement, target, n);
+            }
+            let s = &self.stats;
+            if matches!(access, Access::Read | Access::ReadWrite) {
+                s.cmb_read_bytes.fetch_add(placement.cmb, Ordering::Relaxed);
+                s.pmr_read_bytes.fetch_add(placement.pmr, Ordering::Relaxed);
+            }
+            if matches!(access, Access::Write | Access::ReadWrite) {
+                s.cmb_write_bytes
+                    .fetch_add(placement.cmb, Ordering::Relaxed);
+                s.pmr_write_bytes
+                    .fetch_add(placement.pmr, Ordering::Relaxed);
+            }
+            return Ok(Some((placement, f(&slices))));
         }
         let outcome = self
             .guest
@@ -415,16 +453,21 @@ impl DmaRouter {
             .inspect_err(|_| {
                 self.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
             })?;
-        if outcome.is_some() {
-            let s = &self.stats;
-            if matches!(access, Access::Read | Access::ReadWrite) {
-                s.host_read_bytes.fetch_add(total, Ordering::Relaxed);
-            }
-            if matches!(access, Access::Write | Access::ReadWrite) {
-                s.host_write_bytes.fetch_add(total, Ordering::Relaxed);
-            }
+        let Some(result) = outcome else {
+            return Ok(None);
+        };
+        let s = &self.stats;
+        if matches!(access, Access::Read | Access::ReadWrite) {
+            s.host_read_bytes.fetch_add(total, Ordering::Relaxed);
         }
-        Ok(outcome)
+        if matches!(access, Access::Write | Access::ReadWrite) {
+            s.host_write_bytes.fetch_add(total, Ordering::Relaxed);
+        }
+        let placement = Placement {
+            host: total,
+            ..Placement::default()
+        };
+        Ok(Some((placement, result)))
     }
 
     pub fn read_u32(&self, addr: u64) -> Result<u32, DmaFault> {
@@ -629,6 +672,62 @@ mod tests {
         assert!(r.write(0x20ff0, &[0; 32]).is_err());
         r.set_window(None);
         assert_eq!(r.cmb_offset(0x1f000), None);
+    }
+
+    /// Catches a zero-copy transfer that hands out the wrong memory for
+    /// a buffer in the CMB (or counts it as host traffic), or one that
+    /// goes zero-copy for a buffer straddling the CMB and guest RAM.
+    #[test]
+    fn zero_copy_reaches_the_cmb_or_guest_memory_but_never_both() {
+        let cmb = p2plab_vfio_user::SharedMemory::new("test-cmb", 0x2000).unwrap();
+        let cmb = Arc::new(cmb);
+        let stats = Arc::new(Stats::default());
+        let r = DmaRouter::new(
+            Arc::new(FakeGuestMemory::new().with_region(0x10000, 0x10000)),
+            Some(Arc::new(p2plab_dma::SharedRegion::new(cmb.clone(), 0x2000))),
+            stats.clone(),
+        );
+        r.set_window(Some(0x40000));
+        let fill = |byte: u8| {
+            move |slices: &[VolatileSlice<'_>]| -> std::io::Result<()> {
+                slices
+                    .iter()
+                    .for_each(|s| s.copy_from(&vec![byte; s.len()]));
+                Ok(())
+            }
+        };
+        let (placement, result) = r
+            .with_direct(&[(0x40010, 8), (0x41000, 8)], Access::Write, &mut fill(7))
+            .unwrap()
+            .expect("all in the CMB: direct");
+        result.unwrap();
+        assert_eq!(
+            placement,
+            Placement {
+                cmb: 16,
+                pmr: 0,
+                host: 0
+            }
+        );
+        let mut seen = [0u8; 8];
+        cmb.read_at(0x1000, &mut seen).unwrap();
+        assert_eq!(seen, [7; 8]);
+        assert_eq!(stats.cmb_write_bytes.load(Ordering::Relaxed), 16);
+        assert_eq!(stats.host_write_bytes.load(Ordering::Relaxed), 0);
+        let (placement, _) = r
+            .with_direct(&[(0x10000, 8)], Access::Write, &mut fill(9))
+            .unwrap()
+            .expect("all in guest RAM: direct");
+        assert_eq!(placement.host, 8);
+        assert!(
+            r.with_direct(&[(0x10000, 8), (0x40000, 8)], Access::Read, &mut fill(1))
+                .unwrap()
+                .is_none(),
+            "mixed: copied"
+        );
+        assert!(r
+            .with_direct(&[(0x60000, 8)], Access::Read, &mut fill(1))
+            .is_err());
     }
 
     #[test]
