@@ -97,7 +97,11 @@ fn answer(
     request: &ControlRequest,
 ) -> Result<serde_json::Value, String> {
     let ControlRequest::Trace { on } = request else {
-        return handler.handle(request);
+        let value = handler.handle(request)?;
+        return Ok(match request {
+            ControlRequest::Status => crate::usage::with_process_usage(value),
+            _ => value,
+        });
     };
     let tracer = handler
         .tracer()

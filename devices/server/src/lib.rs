@@ -58,6 +58,7 @@ mod logging;
 mod process;
 mod signals;
 mod stats_file;
+pub mod usage;
 
 pub use args::ServerArgs;
 pub use counters::CountersJson;

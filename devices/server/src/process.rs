@@ -174,6 +174,10 @@ impl Launch<'_> {
     /// process's span too.
     pub fn start(self, server: &Server, counters: CountersJson) -> Result<Running> {
         let prefix = self.process.thread_prefix;
+        // Every device's stats also say what the process itself costs.
+        let device_counters = counters;
+        let counters: CountersJson =
+            Arc::new(move || crate::usage::stats_with_process_usage(&device_counters()));
         self.signals.spawn_waiter(
             format!("{prefix}-signals"),
             server.shutdown_handle(),

@@ -329,6 +329,64 @@ fn fio_line(label: &str, fio: &str, mem: &str, runtime: u32) -> String {
     )
 }
 
+/// The servers that take part in a P2P job, whose CPU time it costs: the
+/// NVMe server moves the bytes; the GPU server would take part if they
+/// went through QEMU and it.
+const CPU_SERVERS: &[&str] = &["nvme0", "gpu0"];
+
+/// One `CPU LABEL begin|end SERVER {status}` line per server, from the
+/// guest's control channel (`p2plab-ctl SERVER status --json`): the
+/// process's CPU time and the NVMe data counters at that moment.
+fn cpu_mark(label: &str, at: &str) -> String {
+    CPU_SERVERS
+        .iter()
+        .map(|server| {
+            format!(
+                "echo CPU {label} {at} {server} $(p2plab-ctl {server} status --json | tr -d '\n')\n"
+            )
+        })
+        .collect()
+}
+
+/// Server CPU time per MiB the NVMe moved during one job: the CPU of every
+/// [`CPU_SERVERS`] process between the job's marks, over nvme0's data
+/// bytes (both directions) in the same window. Ramp time included on both
+/// sides, so the ratio of two jobs is fair.
+fn cpu_us_per_mib(output: &str, label: &str) -> Result<f64> {
+    let status = |at: &str, server: &str| -> Result<Value> {
+        let prefix = format!("CPU {label} {at} {server} ");
+        let line = output
+            .lines()
+            .find_map(|l| l.find(&prefix).map(|i| &l[i + prefix.len()..]))
+            .with_context(|| format!("no CPU mark {at} of {label} for {server}"))?;
+        serde_json::from_str(line)
+            .with_context(|| format!("the status of {server} at the {at} of {label}: {line:?}"))
+    };
+    let cpu = |v: &Value| -> Result<f64> {
+        let p = &v["process"];
+        match (p["cpu_user_us"].as_u64(), p["cpu_system_us"].as_u64()) {
+            (Some(user), Some(system)) => Ok((user + system) as f64),
+            _ => bail!("no process CPU time in {v}"),
+        }
+    };
+    let bytes = |v: &Value| -> Result<f64> {
+        let c = &v["counters"];
+        match (c["bytes_read"].as_u64(), c["bytes_written"].as_u64()) {
+            (Some(r), Some(w)) => Ok((r + w) as f64),
+            _ => bail!("no NVMe byte counters in {v}"),
+        }
+    };
+    let mut cpu_us = 0.0;
+    for server in CPU_SERVERS {
+        cpu_us += cpu(&status("end", server)?)? - cpu(&status("begin", server)?)?;
+    }
+    let moved = bytes(&status("end", "nvme0")?)? - bytes(&status("begin", "nvme0")?)?;
+    if moved <= 0.0 {
+        bail!("{label}: nvme0 moved no data between the CPU marks");
+    }
+    Ok(cpu_us / (moved / (1024.0 * 1024.0)))
+}
+
 fn guest_script(jobs: &[&Job], runtime: u32, p2p: bool) -> String {
     let mut script =
         String::from("set -e\n[ -b /dev/nvme0n1 ] || { echo 'no /dev/nvme0n1'; exit 1; }\n");
@@ -343,18 +401,17 @@ fn guest_script(jobs: &[&Job], runtime: u32, p2p: bool) -> String {
              || { echo 'no GPU with published p2pmem'; exit 1; }\n",
         );
         for job in P2P {
-            script.push_str(&fio_line(
-                &format!("ram-{}", job.name),
-                job.fio,
-                "",
-                runtime,
-            ));
-            script.push_str(&fio_line(
-                &format!("p2p-{}", job.name),
-                job.fio,
-                " --mem=mmapshared:$gpu/p2pmem/allocate",
-                runtime,
-            ));
+            for (label, mem) in [
+                (format!("ram-{}", job.name), ""),
+                (
+                    format!("p2p-{}", job.name),
+                    " --mem=mmapshared:$gpu/p2pmem/allocate",
+                ),
+            ] {
+                script.push_str(&cpu_mark(&label, "begin"));
+                script.push_str(&fio_line(&label, job.fio, mem, runtime));
+                script.push_str(&cpu_mark(&label, "end"));
+            }
         }
     }
     script
@@ -418,6 +475,8 @@ struct Side {
     /// Which DMA path the NICs took, per round: nic0's reads and nic1's
     /// writes of the whole boot, from their stats.json.
     nic_paths: Vec<Value>,
+    /// P2P job label -> server CPU µs per MiB moved, per round
+    cpu_per_mib: BTreeMap<String, Vec<f64>>,
     /// process -> peak RSS per round, bytes
     rss: BTreeMap<String, Vec<u64>>,
     run_dirs: Vec<PathBuf>,
@@ -539,6 +598,14 @@ fn run_one(options: &LabOptions, labels: &[String], side: &mut Side) -> Result<(
             .with_context(|| format!("{topology}: no result for {label}"))?;
         let sample = parse_fio(line).with_context(|| format!("{topology}: {label}"))?;
         side.samples.entry(label.clone()).or_default().push(sample);
+        if outcome.output.contains(&format!("CPU {label} begin ")) {
+            let cost = cpu_us_per_mib(&outcome.output, label)
+                .with_context(|| format!("{topology}: server CPU of {label}"))?;
+            side.cpu_per_mib
+                .entry(label.clone())
+                .or_default()
+                .push(cost);
+        }
     }
     for (name, bytes) in outcome.peak_rss {
         side.rss.entry(name).or_default().push(bytes);
@@ -672,12 +739,23 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
             right: copy("ram"),
             lower_is_better: false,
         });
+    let cpu = |label: String| ours.cpu_per_mib.get(&label).cloned().unwrap_or_default();
     P2P.iter()
-        .map(|job| Row {
-            label: format!("{} {}", job.name, job.metric.label()),
-            left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
-            right: figures(ours, &format!("ram-{}", job.name), |s| s.figure(job.metric)),
-            lower_is_better: false,
+        .flat_map(|job| {
+            [
+                Row {
+                    label: format!("{} {}", job.name, job.metric.label()),
+                    left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
+                    right: figures(ours, &format!("ram-{}", job.name), |s| s.figure(job.metric)),
+                    lower_is_better: false,
+                },
+                Row {
+                    label: format!("{} server CPU µs/MiB", job.name),
+                    left: cpu(format!("p2p-{}", job.name)),
+                    right: cpu(format!("ram-{}", job.name)),
+                    lower_is_better: true,
+                },
+            ]
         })
         .chain(copy_rows)
         .collect()
@@ -960,7 +1038,11 @@ fn run(cli: &Cli) -> Result<()> {
     } else {
         compared_rows(&jobs, &ours, &anchor)
     };
-    let rdma_rows = rdma_rows(&rdma, &cli.rdma_mtu);
+    let rdma_rows = if cli.no_rdma {
+        Vec::new()
+    } else {
+        rdma_rows(&rdma, &cli.rdma_mtu)
+    };
     let p2p = if cli.no_p2p || cli.rdma_only {
         Vec::new()
     } else {
@@ -1132,6 +1214,42 @@ mod tests {
         assert_eq!(drive, "-drive file=x,if=none,cache=none");
         assert!(set_drive_cache("-device nvme\n", "none").is_err());
         assert!(set_drive_cache("-drive file=x\n-drive file=y\n", "none").is_err());
+    }
+
+    /// Catches a CPU-per-byte figure taken from the wrong marks or the
+    /// wrong server, or one computed when nothing moved.
+    #[test]
+    fn cpu_cost_is_the_servers_cpu_over_the_bytes_moved_between_marks() {
+        let status = |cpu: u64, read: u64| {
+            format!(
+                r#"{{"counters":{{"bytes_read":{read},"bytes_written":0}},"process":{{"cpu_user_us":{cpu},"cpu_system_us":5}}}}"#
+            )
+        };
+        let output = [
+            format!("CPU ram-x begin nvme0 {}", status(1_000, 0)),
+            format!("CPU ram-x begin gpu0 {}", status(70, 0)),
+            "BENCH ram-x {}".to_owned(),
+            format!("CPU ram-x end nvme0 {}", status(3_000, 4 << 20)),
+            format!("CPU ram-x end gpu0 {}", status(270, 0)),
+            format!("CPU p2p-x begin nvme0 {}", status(3_000, 4 << 20)),
+            format!("CPU p2p-x begin gpu0 {}", status(270, 0)),
+            format!("CPU p2p-x end nvme0 {}", status(3_000, 4 << 20)),
+            format!("CPU p2p-x end gpu0 {}", status(270, 0)),
+        ]
+        .join("\n");
+        // (2000 + 200) µs over 4 MiB.
+        assert_eq!(cpu_us_per_mib(&output, "ram-x").unwrap(), 550.0);
+        assert!(cpu_us_per_mib(&output, "p2p-x").is_err(), "nothing moved");
+        assert!(cpu_us_per_mib(&output, "other").is_err(), "no marks");
+        let script = guest_script(&[], 5, true);
+        for job in P2P {
+            for at in ["begin", "end"] {
+                for server in CPU_SERVERS {
+                    let mark = format!("echo CPU p2p-{} {at} {server} ", job.name);
+                    assert_eq!(script.matches(&mark).count(), 1, "{mark}");
+                }
+            }
+        }
     }
 
     #[test]
