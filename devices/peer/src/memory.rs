@@ -220,17 +220,29 @@ impl PeerMemory {
         })
     }
 
-    /// Whether `[offset, offset+len)` of the memfd is all allocated
-    /// (SEEK_HOLE finds the first hole at or past its end).
+    /// Whether every page of `[offset, offset+len)` of the memfd is in
+    /// memory (mincore on our mapping looks the memfd's pages up without
+    /// faulting any in): a hole, or a page swapped out, says no. Costs a
+    /// byte per page of the range, whatever the memfd's size.
     fn has_no_hole(&self, offset: u64, len: u64) -> bool {
-        let Ok(start) = libc::off_t::try_from(offset) else {
+        const PAGE: u64 = 4096;
+        let Some(end) = offset.checked_add(len).filter(|&end| end <= self.size) else {
             return false;
         };
-        // SAFETY: lseek reads only its integer arguments; the fd belongs
-        // to `self.file`, open for the call. The file position it moves
-        // is not used (every access is positioned).
-        let hole = unsafe { libc::lseek(self.file.as_raw_fd(), start, libc::SEEK_HOLE) };
-        u64::try_from(hole).is_ok_and(|hole| hole >= offset.saturating_add(len))
+        let first = offset - offset % PAGE;
+        let pages = usize::try_from(end.div_ceil(PAGE) - first / PAGE).unwrap_or(usize::MAX);
+        let (Ok(start), Some(span)) = (usize::try_from(first), pages.checked_mul(PAGE as usize))
+        else {
+            return false;
+        };
+        let mut resident = vec![0u8; pages];
+        let base = self.mapping.as_ptr().wrapping_add(start);
+        // SAFETY: `[base, base+span)` lies inside our mapping of the memfd
+        // (page-aligned, `end <= size`, and the mapping is `size` bytes
+        // rounded up to a page); mincore only writes `pages` bytes into
+        // `resident`.
+        let rc = unsafe { libc::mincore(base.cast(), span, resident.as_mut_ptr()) };
+        rc == 0 && resident.iter().all(|r| r & 1 == 1)
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<(), DmaError> {
