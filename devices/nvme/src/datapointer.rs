@@ -296,7 +296,7 @@ pub fn map_prp(
     }
     if remaining <= page_size {
         // PRP2 is the second data page, with no offset.
-        if prp2 & mask != 0 {
+        if prp2 & mask != 0 || prp2.checked_add(remaining).is_none() {
             return Err(Status::PRP_OFFSET_INVALID);
         }
         buf.push(Segment::data(prp2, remaining));
@@ -550,6 +550,13 @@ mod tests {
             map_prp(&r, RAM, RAM + 0x4004, 0x3000, PS),
             Err(Status::PRP_OFFSET_INVALID),
             "a PRP list pointer is qword aligned"
+        );
+        // Found by the nvme_prp_sgl fuzz target: a second data page at the
+        // very top of the address space, whose end does not fit in 64 bits.
+        assert_eq!(
+            map_prp(&r, RAM, u64::MAX - PS + 1, 0x2000, PS),
+            Err(Status::PRP_OFFSET_INVALID),
+            "PRP2's page ends past 2^64"
         );
     }
 
