@@ -889,6 +889,17 @@ mod tests {
     /// more iovecs than one preadv takes (two calls), odd lengths and an
     /// empty slice, compared byte for byte with plain pread/pwrite, on both
     /// cachings (O_DIRECT for the aligned pieces).
+    /// `bytes` cut into consecutive slices of `lens`.
+    fn cut<'a>(mut bytes: &'a mut [u8], lens: &[usize]) -> Vec<VolatileSlice<'a>> {
+        let mut slices = Vec::new();
+        for len in lens {
+            let (head, tail) = bytes.split_at_mut(*len);
+            slices.push(VolatileSlice::from(head));
+            bytes = tail;
+        }
+        slices
+    }
+
     #[test]
     fn vectored_transfers_match_plain_ones() {
         for caching in [Caching::Page, Caching::Direct] {
@@ -907,16 +918,8 @@ mod tests {
             lens.extend([DIRECT_ALIGN; 4]);
             let total: usize = lens.iter().sum();
             let source = storage[..total].to_vec();
-            {
-                let mut rest = &mut storage[..total];
-                let mut slices = Vec::new();
-                for len in &lens {
-                    let (head, tail) = rest.split_at_mut(*len);
-                    slices.push(VolatileSlice::from(head));
-                    rest = tail;
-                }
-                b.write_vectored_at(8192, &slices).unwrap();
-            }
+            b.write_vectored_at(8192, &cut(&mut storage[..total], &lens))
+                .unwrap();
             let mut plain = vec![0u8; total];
             b.read_at(8192, &mut plain).unwrap();
             assert_eq!(
@@ -924,16 +927,8 @@ mod tests {
                 "{caching:?}: pwritev wrote the slices in order"
             );
             storage[..total].fill(0);
-            {
-                let mut rest = &mut storage[..total];
-                let mut slices = Vec::new();
-                for len in &lens {
-                    let (head, tail) = rest.split_at_mut(*len);
-                    slices.push(VolatileSlice::from(head));
-                    rest = tail;
-                }
-                b.read_vectored_at(8192, &slices).unwrap();
-            }
+            b.read_vectored_at(8192, &cut(&mut storage[..total], &lens))
+                .unwrap();
             assert_eq!(
                 &storage[..total],
                 &source[..],

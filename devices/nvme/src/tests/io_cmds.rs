@@ -31,28 +31,35 @@ fn ready_host() -> Host {
     h
 }
 
+/// Places `data` (20 KiB) in guest RAM the way a PRP1 at an offset in its
+/// page and a PRP list of five scattered pages describe it; returns PRP1
+/// and PRP2 (the list).
+fn scatter_over_a_prp_list(h: &Host, data: &[u8]) -> (u64, u64) {
+    let first = DATA + 0x200;
+    let pages: Vec<u64> = (1..=5).map(|i| DATA + 0x1_0000 + i * 0x2000).collect();
+    let list = DATA + 0x8000;
+    let list_bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
+    h.poke(list, &list_bytes);
+    h.poke(first, &data[..0xe00]);
+    let mut at = 0xe00;
+    for p in &pages {
+        let n = (data.len() - at).min(4096);
+        h.poke(*p, &data[at..at + n]);
+        at += n;
+        if at == data.len() {
+            break;
+        }
+    }
+    (first, list)
+}
+
 #[test]
 fn write_then_read_through_a_prp_list() {
     let mut h = ready_host();
     // 20 KiB from an offset in the first page, through a PRP list.
     let len = 40 * 512;
     let data = pattern(len, 1);
-    let first = DATA + 0x200;
-    let pages: Vec<u64> = (1..=5).map(|i| DATA + 0x1_0000 + i * 0x2000).collect();
-    let list = DATA + 0x8000;
-    let list_bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
-    h.poke(list, &list_bytes);
-    // Scatter the pattern the way the PRPs describe it.
-    h.poke(first, &data[..0xe00]);
-    let mut at = 0xe00;
-    for p in &pages {
-        let n = (len - at).min(4096);
-        h.poke(*p, &data[at..at + n]);
-        at += n;
-        if at == len {
-            break;
-        }
-    }
+    let (first, list) = scatter_over_a_prp_list(&h, &data);
     let w = rw(op::WRITE, 100, 40).prp1(first).prp2(list).build();
     let before = h.irq.count(1);
     assert_eq!(h.io(1, w).status, Status::SUCCESS);
@@ -657,18 +664,7 @@ fn zero_copy_and_copying_data_paths_agree() {
         h.create_pair(1);
         let len = 40 * 512;
         let data = pattern(len, 9);
-        let first = DATA + 0x200;
-        let pages: Vec<u64> = (1..=5).map(|i| DATA + 0x1_0000 + i * 0x2000).collect();
-        let list = DATA + 0x8000;
-        let list_bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
-        h.poke(list, &list_bytes);
-        h.poke(first, &data[..0xe00]);
-        let mut at = 0xe00;
-        for p in &pages {
-            let n = (len - at).min(4096);
-            h.poke(*p, &data[at..at + n]);
-            at += n;
-        }
+        let (first, list) = scatter_over_a_prp_list(&h, &data);
         let w = rw(op::WRITE, 100, 40).prp1(first).prp2(list).build();
         assert_eq!(h.io(1, w).status, Status::SUCCESS);
         let on_disk = std::fs::read(&path).unwrap();
