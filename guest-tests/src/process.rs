@@ -28,6 +28,9 @@ pub struct LabProcess {
     child: Option<Child>,
     /// Exit status and peak RSS in bytes, once reaped.
     exited: Option<(ExitStatus, u64)>,
+    /// SIGTERM was sent ([`LabProcess::terminate`]): never send it twice,
+    /// since a server's second SIGTERM cuts its orderly shutdown short.
+    terminated: bool,
 }
 
 impl LabProcess {
@@ -83,6 +86,7 @@ impl LabProcess {
             name: name.to_owned(),
             child: Some(child),
             exited: None,
+            terminated: false,
         })
     }
 
@@ -134,6 +138,19 @@ impl LabProcess {
         }
     }
 
+    /// Sends SIGTERM, once, unless the process has exited: several
+    /// processes then shut down side by side, and [`LabProcess::stop`]
+    /// waits for each.
+    pub fn terminate(&mut self) {
+        if self.terminated || !matches!(self.try_wait(), Ok(None)) {
+            return;
+        }
+        if let Some(pid) = self.pid() {
+            signal_pid(pid, libc::SIGTERM);
+            self.terminated = true;
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `grace`. Returns the exit status.
     pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
         if self.exited.is_none() {
@@ -141,7 +158,7 @@ impl LabProcess {
             if let Ok(Some(status)) = self.try_wait() {
                 return Some(status);
             }
-            signal_pid(pid, libc::SIGTERM);
+            self.terminate();
             let deadline = Instant::now() + grace;
             while Instant::now() < deadline {
                 if let Ok(Some(status)) = self.try_wait() {

@@ -3,7 +3,11 @@
 //! switch, nic0's wire connected to nic1's through a unix socket in the
 //! run folder.
 //!
-//! One boot:
+//! Two boots, each shared with the GPU peer-memory checks that were the
+//! `peermem` suite (after the NIC checks, in their own bash, facts
+//! prefixed `PM_`; see "Peer memory" below).
+//!
+//! `rdma_and_peer_memory_under_one_switch`, one boot of `rdma`:
 //! 1. RAM -> nic0 -> wire -> nic1 -> RAM, 8 MiB in 256 KiB posts, with the
 //!    p2plab_nic driver and p2plab-nic-tool: every post completes OK, the
 //!    destination matches byte for byte, and the servers' counters agree
@@ -48,10 +52,49 @@
 //!    sides): both regions are revoked (one quiesce per NIC), the next post
 //!    fails with ENOLINK, and after a rebind a GPU transfer works. Catches:
 //!    a NIC driver that keeps DMAing into a GPU whose driver went away.
+//!
+//! `gpu_memory_refused_on_separate_root_ports`, one boot of
+//! `rdma-separate`: see the test.
+//!
+//! Peer memory: the p2plab_gpu driver's peer-memory API
+//! (`p2plab_p2p.h`, shaped like nvidia_p2p_*) and its dma-buf exporter,
+//! driven by a real importer, the in-tree test module p2plab_p2p_test.ko,
+//! through `p2plab-gpu-tool p2p-scenario` (one line per fact). It runs
+//! after the NIC checks of each boot; the GPU they used is rebound and
+//! idle by then, and every counter it reads is a delta from its own start.
+//!
+//! In the `rdma` boot (NVMe as the named peer under the same switch) it
+//! catches:
+//! - get/map returning wrong addresses: the tool pins all but the first
+//!   page of an allocation that a spacer put past VRAM offset 0; the page
+//!   table's physical pages and the peer's DMA addresses must both start at
+//!   BAR2 (sysfs `resource`; on q35 the bus address equals it) plus the
+//!   allocation's VRAM offset plus one page, be contiguous per 4 KiB page,
+//!   and the map type must be BUS_ADDR;
+//! - a put_pages that fails or runs the callback anyway (round trip), and
+//!   an API that lets misuse through: put_pages while a DMA mapping exists
+//!   must fail with EBUSY, free_page_table outside a callback with EINVAL;
+//! - a driver that forgets an importer when the memory goes away: the free
+//!   callback must run exactly once, in process context, on FREE, on the
+//!   owner's process exit, on a function reset and on unbind, and the
+//!   driver's `p2p_revocations` counter must count them;
+//! - a dma-buf exporter that lets non-P2P importers attach, maps to wrong
+//!   addresses, or keeps mapping after a revoke: the P2P attachment maps
+//!   BAR2 + offset for the whole size, the plain one is refused with
+//!   EOPNOTSUPP, FREE, a function reset and unbind each invalidate the
+//!   mapping (invalidate_mappings, the former move_notify) and a new map
+//!   fails with ENODEV;
+//! - oopses and warnings: the clean-boot kernel-log check of every boot.
+//!
+//! In the `rdma-separate` boot (nic0 as the named peer, on its own root
+//! port) it catches an API that hands out addresses the kernel's P2P
+//! distance check refuses: dma_map_pages must fail with EINVAL, the
+//! dma-buf attach with EOPNOTSUPP, and dmesg must carry the kernel's
+//! reason for each.
 
 mod common;
 
-use common::{counter, run_guest, stats, Boot};
+use common::{counter, run_guest, shared_boot_script, stats, Boot, GuestRun};
 
 const SIZE: u64 = 8 << 20;
 const POST: u64 = 256 << 10;
@@ -69,6 +112,10 @@ const MAP_TYPE_BUS_ADDR: &str = "3";
 const ENOLINK: &str = "67";
 /// E2BIG.
 const E2BIG: &str = "7";
+/// The named peers of the peer-memory checks: the NVMe controller, and
+/// nic0 found through its driver (QEMU's default e1000e is a NIC too).
+const NVME_PEER: &str = "$(by_class 0x010802 | head -n1)";
+const NIC0_PEER: &str = r#"$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic0/device)")"#;
 
 const SCRIPT: &str = r#"
 set -u
@@ -185,9 +232,125 @@ dmesg | grep p2plab_nic | tail -n 10
 exit 0
 "#;
 
+const PM_PRELUDE: &str = r#"
+set -u
+by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
+gpu_bdf=$(by_class 0x030200 | head -n1)
+peer_bdf=@PEER_BDF@
+[ -n "$gpu_bdf" ] && [ -n "$peer_bdf" ] || { echo "no GPU or no named peer"; exit 1; }
+modprobe p2plab_p2p_test; echo "MODPROBE_STATUS=$?"
+sed -n 3p /sys/bus/pci/devices/$gpu_bdf/resource | { read start end flags; echo "BAR2_START=$start"; }
+reason='cannot be used for peer-to-peer DMA as the client and provider .* do not share an upstream bridge or whitelisted host bridge'
+"#;
+
+const PM_LAB_SCRIPT: &str = r#"
+# The NIC checks rebound the GPU after their tool exited: it is gpu0 again.
+[ -e /sys/class/p2plab-gpu/p2plab-gpu0 ] || { echo "no p2plab-gpu0: $(ls /sys/class/p2plab-gpu)"; exit 1; }
+sys=/sys/class/p2plab-gpu/p2plab-gpu0
+echo "BASE_P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
+echo "BASE_DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
+p2plab-gpu-tool p2p-scenario $peer_bdf 16M unpin RT; echo "RT_STATUS=$?"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M free FREE; echo "FREE_STATUS=$?"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M exit EXIT; echo "EXIT_STATUS=$?"
+p2plab-gpu-tool p2p-scenario $peer_bdf 2M dmabuf DMABUF; echo "DMABUF_STATUS=$?"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M reset RESET; echo "RESET_STATUS=$?"
+p2plab-gpu-tool nop >/dev/null; echo "RESET_NEXT_NOP=$?"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M dmabuf-reset DBRESET; echo "DBRESET_STATUS=$?"
+echo "P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
+echo "DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M unbind UNBIND; echo "UNBIND_STATUS=$?"
+echo "REBOUND_DRIVER=$(basename "$(readlink -f /sys/bus/pci/devices/$gpu_bdf/driver)")"
+# The old p2plab-gpu0 is gone with the scenario's process; the rebound GPU
+# is the one left in the class.
+rebound=$(ls /sys/class/p2plab-gpu | head -n1)
+echo "REBOUND_DEVICES=$(ls /sys/class/p2plab-gpu | wc -l)"
+p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "REBOUND_NOP=$?"
+p2plab-gpu-tool -d /dev/$rebound p2p-scenario $peer_bdf 1M dmabuf-unbind DBUNBIND; echo "DBUNBIND_STATUS=$?"
+rebound=$(ls /sys/class/p2plab-gpu | head -n1)
+p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "DBUNBIND_REBOUND_NOP=$?"
+rmmod p2plab_p2p_test; echo "RMMOD_STATUS=$?"
+echo "REFUSAL_DMESG=$(dmesg | grep -c "$reason")"
+exit 0
+"#;
+
+const PM_REFUSAL_SCRIPT: &str = r#"
+dmesg -C
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M unpin RT; echo "RT_STATUS=$?"
+echo "RT_DMESG=$(dmesg | grep -c "$reason")"
+p2plab-gpu-tool p2p-scenario $peer_bdf 1M dmabuf DMABUF; echo "DMABUF_STATUS=$?"
+echo "ALL_DMESG=$(dmesg | grep -c "$reason")"
+dmesg | tail -n 10
+exit 0
+"#;
+
+const EINVAL: &str = "-22";
+const EBUSY: &str = "-16";
+const ENODEV: &str = "-19";
+const EOPNOTSUPP: &str = "-95";
+
+/// The peer-memory part of a boot; `peer_bdf` is the shell expression
+/// that names the peer device.
+fn peer_memory_script(script: &str, peer_bdf: &str) -> String {
+    format!("{PM_PRELUDE}{script}").replace("@PEER_BDF@", peer_bdf)
+}
+
+/// The address a fact's allocation starts at in BAR2.
+fn bar2_address(run: &GuestRun, prefix: &str) -> u64 {
+    run.fact_u64("BAR2_START") + run.fact_u64(&format!("{prefix}_ALLOC_OFFSET"))
+}
+
+/// The tool pins all but the first page of an allocation made after a
+/// 1 MiB spacer: offsets inside VRAM and inside the allocation both count.
+fn expect_pinned(run: &GuestRun, prefix: &str) {
+    run.expect(&format!("{prefix}_GET_RET"), "0");
+    run.expect(&format!("{prefix}_MAP_RET"), "0");
+    run.expect(&format!("{prefix}_PAGE_SIZE"), "4096");
+    assert_ne!(
+        run.fact_u64(&format!("{prefix}_ALLOC_OFFSET")),
+        0,
+        "{prefix}: the spacer puts the allocation past VRAM offset 0"
+    );
+    let size = run.fact_u64(&format!("{prefix}_ALLOC_SIZE"));
+    assert_eq!(
+        run.fact_u64(&format!("{prefix}_ENTRIES")),
+        size / 4096 - 1,
+        "{prefix}: one entry per pinned page"
+    );
+    assert_eq!(
+        run.fact_u64(&format!("{prefix}_PT_VRAM_OFFSET")),
+        run.fact_u64(&format!("{prefix}_ALLOC_OFFSET")) + 4096,
+        "{prefix}: the table starts at the pinned address"
+    );
+    let want = bar2_address(run, prefix) + 4096;
+    assert_eq!(
+        run.fact_u64(&format!("{prefix}_PHYS0")),
+        want,
+        "{prefix} phys"
+    );
+    assert_eq!(
+        run.fact_u64(&format!("{prefix}_DMA0")),
+        want,
+        "{prefix} dma"
+    );
+    run.expect(&format!("{prefix}_PHYS_CONTIGUOUS"), "1");
+    run.expect(&format!("{prefix}_DMA_CONTIGUOUS"), "1");
+    run.expect(&format!("{prefix}_MAP_TYPE"), MAP_TYPE_BUS_ADDR);
+}
+
+/// The free callback ran once, in process context, and freed the table.
+fn expect_revoked(run: &GuestRun, prefix: &str) {
+    run.expect(&format!("{prefix}_STATUS"), "0");
+    expect_pinned(run, prefix);
+    run.expect(&format!("{prefix}_AFTER_CALLBACKS"), "1");
+    run.expect(&format!("{prefix}_AFTER_REVOKED"), "1");
+    run.expect(&format!("{prefix}_AFTER_CALLBACK_IN_TASK"), "1");
+    run.expect(&format!("{prefix}_FORGET_CALLBACKS"), "1");
+    run.expect(&format!("{prefix}_FORGET_PUT_RET"), "0");
+}
+
 #[test]
-fn ram_to_ram_over_the_wire() {
-    let script = SCRIPT
+fn rdma_and_peer_memory_under_one_switch() {
+    let rdma = SCRIPT
         .replace("@SIZE@", &SIZE.to_string())
         .replace("@POST@", &POST.to_string())
         .replace("@GPU_SIZE@", &GPU_SIZE.to_string())
@@ -195,6 +358,8 @@ fn ram_to_ram_over_the_wire() {
         .replace("@REVOKE_SIZE@", &REVOKE_SIZE.to_string())
         .replace("@AFTER_SIZE@", &AFTER_SIZE.to_string())
         .replace("@DMABUF_SIZE@", &DMABUF_SIZE.to_string());
+    let peer_memory = peer_memory_script(PM_LAB_SCRIPT, NVME_PEER);
+    let script = shared_boot_script(&[("", &rdma), ("PM_", &peer_memory)]);
     let run = run_guest("rdma", &script, Boot::default());
     run.expect("NIC_DEVICES", "2");
     run.expect("INFO0_LINK_UP", "1");
@@ -359,6 +524,8 @@ fn ram_to_ram_over_the_wire() {
         counter(&nic1, "dma_mmap_write_bytes") <= total_bytes + ram_slack,
         "GPU payload written to RAM: {nic1}"
     );
+
+    check_peer_memory_in_the_switch(&run.part("PM_"));
 }
 
 const REFUSAL_SCRIPT: &str = r#"
@@ -385,7 +552,9 @@ exit 0
 /// driver that hands out addresses the kernel would refuse.
 #[test]
 fn gpu_memory_refused_on_separate_root_ports() {
-    let run = run_guest("rdma-separate", REFUSAL_SCRIPT, Boot::default());
+    let peer_memory = peer_memory_script(PM_REFUSAL_SCRIPT, NIC0_PEER);
+    let script = shared_boot_script(&[("", REFUSAL_SCRIPT), ("PM_", &peer_memory)]);
+    let run = run_guest("rdma-separate", &script, Boot::default());
     run.expect("REFUSE_EXIT", "3");
     run.expect("REFUSE_REG_ERRNO", "22");
     assert!(
@@ -398,4 +567,97 @@ fn gpu_memory_refused_on_separate_root_ports() {
     let nic0 = stats(&run, "nic0");
     assert_eq!(counter(&nic0, "tx_peer_bar_bytes"), 0, "{nic0}");
     assert_eq!(counter(&nic0, "rx_packets"), (1 << 20) / PAGE, "{nic0}");
+
+    check_peer_memory_refused(&run.part("PM_"));
+}
+
+/// The peer-memory checks of the `rdma` boot (see the header), NVMe as
+/// the named peer under the same switch.
+fn check_peer_memory_in_the_switch(run: &GuestRun) {
+    run.expect("MODPROBE_STATUS", "0");
+
+    // Round trip: get, map, unmap, put; no callback.
+    run.expect("RT_STATUS", "0");
+    expect_pinned(run, "RT");
+    run.expect("RT_ALLOC_SIZE", &(16u64 << 20).to_string());
+    run.expect("RT_UNPIN_PUT_RET", "0");
+    run.expect("RT_UNPIN_CALLBACKS", "0");
+    // Misuse refused, nothing freed: put_pages while mapped, and
+    // free_page_table outside a free callback.
+    run.expect("RT_UNPIN_PUT_MAPPED_RET", EBUSY);
+    run.expect("RT_UNPIN_FREE_LIVE_RET", EINVAL);
+
+    // Revocation on free, process exit, reset, unbind.
+    for prefix in ["FREE", "EXIT", "RESET", "UNBIND"] {
+        expect_revoked(run, prefix);
+    }
+    run.expect("RESET_NEXT_NOP", "0");
+    run.expect("REBOUND_DRIVER", "p2plab_gpu");
+    run.expect("REBOUND_DEVICES", "1");
+    run.expect("REBOUND_NOP", "0");
+    // FREE, EXIT and RESET before the counters were read (UNBIND after).
+    assert_eq!(
+        run.fact_u64("P2P_REVOCATIONS") - run.fact_u64("BASE_P2P_REVOCATIONS"),
+        3,
+        "p2p_revocations counts the free callbacks"
+    );
+
+    // dma-buf: P2P attachment mapped at BAR2 + offset, plain refused, revoke.
+    run.expect("DMABUF_STATUS", "0");
+    run.expect("DMABUF_P2P_ATTACH_RET", "0");
+    run.expect("DMABUF_P2P_MAP_RET", "0");
+    assert_ne!(run.fact_u64("DMABUF_ALLOC_OFFSET"), 0, "spacer");
+    assert_eq!(
+        run.fact_u64("DMABUF_P2P_DMA0"),
+        bar2_address(run, "DMABUF"),
+        "dma-buf DMA address"
+    );
+    assert_eq!(
+        run.fact_u64("DMABUF_P2P_DMA_LEN"),
+        run.fact_u64("DMABUF_ALLOC_SIZE"),
+        "the mapping covers the allocation"
+    );
+    run.expect("DMABUF_PLAIN_ATTACH_RET", EOPNOTSUPP);
+    run.expect("DMABUF_REVOKED_INVALIDATIONS", "1");
+    run.expect("DMABUF_REVOKED_STILL_MAPPED", "0");
+    run.expect("DMABUF_REVOKED_REMAP_RET", ENODEV);
+    // The same on a function reset and on unbind.
+    for prefix in ["DBRESET", "DBUNBIND"] {
+        run.expect(&format!("{prefix}_STATUS"), "0");
+        run.expect(&format!("{prefix}_P2P_MAP_RET"), "0");
+        run.expect(&format!("{prefix}_REVOKED_INVALIDATIONS"), "1");
+        run.expect(&format!("{prefix}_REVOKED_STILL_MAPPED"), "0");
+        run.expect(&format!("{prefix}_REVOKED_REMAP_RET"), ENODEV);
+    }
+    run.expect("DBUNBIND_REBOUND_NOP", "0");
+    // DMABUF and DBRESET before the counter was read (DBUNBIND after).
+    assert_eq!(
+        run.fact_u64("DMABUF_REVOCATIONS") - run.fact_u64("BASE_DMABUF_REVOCATIONS"),
+        2,
+        "dmabuf_revocations counts the invalidated dma-bufs"
+    );
+
+    run.expect("RMMOD_STATUS", "0");
+    run.expect("REFUSAL_DMESG", "0");
+}
+
+/// The peer-memory refusal checks of the `rdma-separate` boot: nic0 as
+/// the named peer, on another root port than gpu0.
+fn check_peer_memory_refused(run: &GuestRun) {
+    run.expect("MODPROBE_STATUS", "0");
+    run.expect("RT_STATUS", "0");
+    run.expect("RT_GET_RET", "0");
+    run.expect("RT_MAP_RET", EINVAL);
+    run.expect("RT_UNPIN_PUT_RET", "0");
+    run.expect("RT_UNPIN_CALLBACKS", "0");
+    assert!(
+        run.fact_u64("RT_DMESG") >= 1,
+        "dmesg gives the kernel's reason"
+    );
+    run.expect("DMABUF_STATUS", "0");
+    run.expect("DMABUF_P2P_ATTACH_RET", EOPNOTSUPP);
+    assert!(
+        run.fact_u64("ALL_DMESG") > run.fact_u64("RT_DMESG"),
+        "the dma-buf refusal also gives the kernel's reason"
+    );
 }

@@ -69,6 +69,45 @@ impl GuestRun {
     }
 }
 
+impl GuestRun {
+    /// The facts one part of a shared boot reported under `prefix` (see
+    /// [`shared_boot_script`]), with the prefix taken off: the part's checks
+    /// read the same keys as when it had a boot of its own.
+    pub fn part(&self, prefix: &str) -> GuestRun {
+        let facts = self
+            .facts
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_owned(), v.clone())))
+            .collect();
+        GuestRun {
+            outcome: self.outcome.clone(),
+            facts,
+        }
+    }
+}
+
+/// One guest script that runs several suites' scripts in turn in one boot,
+/// each in its own bash (its `exit`, `set -u` and functions stay its own).
+/// A part's output lines get its prefix, so two parts that report the same
+/// key never mask each other (read them back with [`GuestRun::part`]). The
+/// script stops with the failing part's status when one fails.
+pub fn shared_boot_script(parts: &[(&str, &str)]) -> String {
+    let mut text = String::from("set -u\n");
+    for (n, (prefix, script)) in parts.iter().enumerate() {
+        let file = format!("/tmp/p2plab-part{n}.sh");
+        text.push_str(&format!(
+            "cat > {file} <<'P2PLAB_PART_END'\n{script}\nP2PLAB_PART_END\n"
+        ));
+        text.push_str(&format!(
+            "bash {file} 2>&1 | sed 's/^/{prefix}/'\n\
+             rc=${{PIPESTATUS[0]}}\n\
+             [ \"$rc\" = 0 ] || {{ echo \"part {n} ({prefix}) exited $rc\"; exit \"$rc\"; }}\n"
+        ));
+    }
+    text.push_str("exit 0\n");
+    text
+}
+
 /// Extra knobs for one boot.
 #[derive(Default)]
 pub struct Boot {
