@@ -289,23 +289,25 @@ impl DmaSpace {
         f: impl FnOnce(&[VolatileSlice<'_>]) -> R,
     ) -> Result<Option<R>, DmaError> {
         let mut chunks = Vec::with_capacity(segments.len());
-        // Where each chunk starts, for the debug log.
-        let mut starts = Vec::with_capacity(segments.len());
         for &(gpa, len) in segments {
-            let mut at = gpa;
-            for chunk in self.resolve(gpa, len, access)? {
-                starts.push(at);
-                at = at.wrapping_add(chunk.len() as u64);
-                chunks.push(chunk);
-            }
+            chunks.extend(self.resolve(gpa, len, access)?);
         }
         let Some(slices) = self.direct_slices(&chunks, access)? else {
             return Ok(None);
         };
         self.count_direct(&chunks, access);
         if tracing::enabled!(tracing::Level::DEBUG) {
-            for (chunk, gpa) in chunks.iter().zip(starts) {
-                log_direct(chunk, gpa, access);
+            // Chunks follow the segments in order, each segment cut into
+            // consecutive pieces: their addresses follow from the lengths.
+            let mut pieces = chunks.iter();
+            for &(gpa, len) in segments {
+                let mut at = gpa;
+                let end = gpa.wrapping_add(len as u64);
+                while at != end {
+                    let Some(chunk) = pieces.next() else { break };
+                    log_direct(chunk, at, access);
+                    at = at.wrapping_add(chunk.len() as u64);
+                }
             }
         }
         Ok(Some(f(&slices)))
