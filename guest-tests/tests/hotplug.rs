@@ -94,7 +94,9 @@ fio_pid=$!
 # that counts the passes it completed: the removal lands on P2P DMA too.
 ( n=0
   while p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 16M --chunk 1M > /run/p2plab/p2p-unplug.out 2>&1; do
-    n=$((n+1)); echo $n > /run/p2plab/p2p-passes
+    # Renamed into place: a reader never sees the file truncated by
+    # the next pass's write (it did once, and read an empty count).
+    n=$((n+1)); echo $n > /run/p2plab/p2p-passes.tmp && mv /run/p2plab/p2p-passes.tmp /run/p2plab/p2p-passes
   done ) &
 p2p_pid=$!
 # Unplug only once reads are flowing: the disk's read count grows, and at
