@@ -56,6 +56,35 @@ const HOLD_BACKOFF: u32 = 256;
 const HOLD_HIT: u32 = 3;
 const HOLD_SCORE_MAX: u32 = 32;
 
+/// What the interrupt hold watches: a drained SQ's tail doorbell.
+trait HeldQueue {
+    /// The admin queue (never held: its commands come one at a time).
+    fn is_admin(&self) -> bool;
+    /// Whether the host queued entries past the last tail the worker saw.
+    fn tail_moved(&self) -> bool;
+    /// Whether the queue is being stopped (reset, deletion).
+    fn stopped(&self) -> bool;
+}
+
+/// A live SQ as the hold sees it: `head` is the last tail the worker saw.
+struct DrainedQueue<'a> {
+    state: &'a ControllerState,
+    sq: &'a SubmissionQueue,
+    head: u32,
+}
+
+impl HeldQueue for DrainedQueue<'_> {
+    fn is_admin(&self) -> bool {
+        self.sq.id == 0
+    }
+    fn tail_moved(&self) -> bool {
+        self.sq.current_tail(&self.state.mem) != self.head
+    }
+    fn stopped(&self) -> bool {
+        self.sq.stopped()
+    }
+}
+
 /// Whether the interrupt of a drained SQ is held (see [`HOLD`]).
 #[derive(Default)]
 struct InterruptHold {
@@ -66,15 +95,14 @@ struct InterruptHold {
 }
 
 impl InterruptHold {
-    /// Called with the SQ drained (`head` is the last tail seen): `true`
-    /// when the host queued more meanwhile or does within the hold, so the
-    /// worker goes on without signalling; `false` to signal now.
-    fn more_coming(&mut self, state: &ControllerState, sq: &SubmissionQueue, head: u32) -> bool {
-        if sq.current_tail(&state.mem) != head {
+    /// Called with the SQ drained: `true` when the host queued more
+    /// meanwhile or does within `hold`, so the worker goes on without
+    /// signalling; `false` to signal now.
+    fn more_coming(&mut self, queue: &impl HeldQueue, hold: Duration) -> bool {
+        if queue.tail_moved() {
             return true;
         }
-        // The admin queue is never held: its commands are one at a time.
-        if sq.id == 0 {
+        if queue.is_admin() {
             return false;
         }
         if self.score == 0 {
@@ -85,16 +113,26 @@ impl InterruptHold {
             // Probe: one hold decides whether holding pays again.
             self.score = 1;
         }
-        let start = Instant::now();
-        while start.elapsed() < HOLD {
-            std::thread::yield_now();
-            if sq.stopped() {
-                return false;
+        let outcome = p2plab_server::usage::idle_poll(|| {
+            let start = Instant::now();
+            while start.elapsed() < hold {
+                std::thread::yield_now();
+                if queue.stopped() {
+                    return Some(false);
+                }
+                if queue.tail_moved() {
+                    return Some(true);
+                }
             }
-            if sq.current_tail(&state.mem) != head {
+            None
+        });
+        match outcome {
+            Some(true) => {
                 self.score = (self.score + HOLD_HIT).min(HOLD_SCORE_MAX);
                 return true;
             }
+            Some(false) => return false,
+            None => {}
         }
         self.score -= 1;
         if self.score == 0 {
@@ -106,15 +144,18 @@ impl InterruptHold {
 
 /// Watches the shadow tail for up to [`POLL`] before EventIdx is armed.
 /// Returns whether there is something to do (new entries, or a stop).
+/// Its CPU time counts as idle polling in the process's usage.
 fn poll_for_tail(state: &ControllerState, sq: &SubmissionQueue, head: u32) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < POLL {
-        if sq.stopped() || sq.current_tail(&state.mem) != head {
-            return true;
+    p2plab_server::usage::idle_poll(|| {
+        let start = Instant::now();
+        while start.elapsed() < POLL {
+            if sq.stopped() || sq.current_tail(&state.mem) != head {
+                return true;
+            }
+            std::thread::yield_now();
         }
-        std::thread::yield_now();
-    }
-    false
+        false
+    })
 }
 
 /// Decrements the live-worker count when the thread ends, panics included,
@@ -262,7 +303,16 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         // Signal now unless more commands are waiting (they were already
         // there, the host queued some meanwhile, or does so within the
         // hold): one interrupt then covers several completions.
-        if unsignalled >= MAX_UNSIGNALLED || (head == tail && !hold.more_coming(&state, &sq, head))
+        if unsignalled >= MAX_UNSIGNALLED
+            || (head == tail
+                && !hold.more_coming(
+                    &DrainedQueue {
+                        state: &state,
+                        sq: &sq,
+                        head,
+                    },
+                    HOLD,
+                ))
         {
             state.interrupt(&cq);
             unsignalled = 0;
@@ -447,4 +497,129 @@ fn note_completion(
         nsid: cmd.nsid(),
         lba,
     });
+}
+
+#[cfg(test)]
+mod hold_tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// A drained SQ whose host queues more on the `moves_on`-th look at
+    /// its tail (never if `None`).
+    struct FakeQueue {
+        admin: bool,
+        moves_on: Option<u32>,
+        stopped: bool,
+        looks: Cell<u32>,
+    }
+
+    impl FakeQueue {
+        fn io(moves_on: Option<u32>) -> Self {
+            FakeQueue {
+                admin: false,
+                moves_on,
+                stopped: false,
+                looks: Cell::new(0),
+            }
+        }
+        /// Looks at the tail since the last call.
+        fn take_looks(&self) -> u32 {
+            self.looks.replace(0)
+        }
+    }
+
+    impl HeldQueue for FakeQueue {
+        fn is_admin(&self) -> bool {
+            self.admin
+        }
+        fn tail_moved(&self) -> bool {
+            self.looks.set(self.looks.get() + 1);
+            self.moves_on.is_some_and(|n| self.looks.get() >= n)
+        }
+        fn stopped(&self) -> bool {
+            self.stopped
+        }
+    }
+
+    const SHORT: Duration = Duration::from_micros(300);
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// Catches a hold that does nothing: a host that submits again while
+    /// the worker watches must find its interrupt still held, batch after
+    /// batch, so one interrupt covers several completions.
+    #[test]
+    fn a_streaming_host_keeps_the_interrupt_held() {
+        let mut hold = InterruptHold::default();
+        for batch in 0..(4 * HOLD_BACKOFF) {
+            let queue = FakeQueue::io(Some(3));
+            assert!(hold.more_coming(&queue, LONG), "batch {batch}");
+            assert_eq!(
+                queue.take_looks(),
+                3,
+                "batch {batch} stopped watching early"
+            );
+        }
+        assert_eq!(hold.score, HOLD_SCORE_MAX);
+        // Entries already queued when the SQ is looked at need no hold,
+        // on any queue.
+        let queued = FakeQueue {
+            admin: true,
+            ..FakeQueue::io(Some(1))
+        };
+        assert!(hold.more_coming(&queued, LONG));
+    }
+
+    /// Catches a hold that never backs off (a host that waits for each
+    /// completion, QD1, would pay the hold on every command) and one that
+    /// never tries again once the host starts streaming.
+    #[test]
+    fn a_host_that_waits_turns_the_hold_off_then_it_is_probed_again() {
+        let mut hold = InterruptHold::default();
+        // The first drained batch probes: it waits the whole hold.
+        let idle = FakeQueue::io(None);
+        let start = Instant::now();
+        assert!(!hold.more_coming(&idle, SHORT));
+        assert!(start.elapsed() >= SHORT);
+        assert!(idle.take_looks() > 1);
+        // The probe missed: the next HOLD_BACKOFF batches are signalled
+        // at once, after one look.
+        for batch in 0..HOLD_BACKOFF {
+            assert!(!hold.more_coming(&idle, LONG), "batch {batch}");
+            assert_eq!(idle.take_looks(), 1, "batch {batch} was held");
+        }
+        // Then one probe again, which a streaming host wins back.
+        let streaming = FakeQueue::io(Some(2));
+        assert!(hold.more_coming(&streaming, LONG));
+        assert_eq!(streaming.take_looks(), 2);
+        // A won hold survives as many misses as it scored.
+        let score = hold.score;
+        assert_eq!(score, 1 + HOLD_HIT);
+        for miss in 0..score {
+            assert!(!hold.more_coming(&idle, SHORT), "miss {miss}");
+            assert!(idle.take_looks() > 1, "miss {miss} was not held");
+        }
+        assert!(!hold.more_coming(&idle, LONG));
+        assert_eq!(idle.take_looks(), 1, "back off after the misses");
+    }
+
+    /// Catches a held admin queue (each admin command would wait out the
+    /// hold) and a hold that a queue deletion or reset has to wait out.
+    #[test]
+    fn admin_queues_and_stopping_queues_are_not_held() {
+        let mut hold = InterruptHold::default();
+        let admin = FakeQueue {
+            admin: true,
+            ..FakeQueue::io(None)
+        };
+        let start = Instant::now();
+        assert!(!hold.more_coming(&admin, LONG));
+        assert_eq!(admin.take_looks(), 1);
+        let stopping = FakeQueue {
+            stopped: true,
+            ..FakeQueue::io(None)
+        };
+        assert!(!hold.more_coming(&stopping, LONG));
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
 }

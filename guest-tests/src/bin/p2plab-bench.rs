@@ -348,11 +348,23 @@ fn cpu_mark(label: &str, at: &str) -> String {
         .collect()
 }
 
+/// Server CPU time per MiB the NVMe moved during one job.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ServerCost {
+    /// All the CPU time of the servers.
+    total: f64,
+    /// Without the time their workers spun while idle, waiting for the
+    /// guest's next command (`idle_poll_cpu_us`): what moving the bytes
+    /// cost. A job the guest runs slower leaves the servers idle longer,
+    /// so only this part compares the two paths' cost per byte.
+    busy: f64,
+}
+
 /// Server CPU time per MiB the NVMe moved during one job: the CPU of every
 /// [`CPU_SERVERS`] process between the job's marks, over nvme0's data
 /// bytes (both directions) in the same window. Ramp time included on both
 /// sides, so the ratio of two jobs is fair.
-fn cpu_us_per_mib(output: &str, label: &str) -> Result<f64> {
+fn cpu_us_per_mib(output: &str, label: &str) -> Result<ServerCost> {
     let status = |at: &str, server: &str| -> Result<Value> {
         let prefix = format!("CPU {label} {at} {server} ");
         let line = output
@@ -362,10 +374,14 @@ fn cpu_us_per_mib(output: &str, label: &str) -> Result<f64> {
         serde_json::from_str(line)
             .with_context(|| format!("the status of {server} at the {at} of {label}: {line:?}"))
     };
-    let cpu = |v: &Value| -> Result<f64> {
+    let cpu = |v: &Value| -> Result<(f64, f64)> {
         let p = &v["process"];
-        match (p["cpu_user_us"].as_u64(), p["cpu_system_us"].as_u64()) {
-            (Some(user), Some(system)) => Ok((user + system) as f64),
+        match (
+            p["cpu_user_us"].as_u64(),
+            p["cpu_system_us"].as_u64(),
+            p["idle_poll_cpu_us"].as_u64(),
+        ) {
+            (Some(user), Some(system), Some(idle)) => Ok(((user + system) as f64, idle as f64)),
             _ => bail!("no process CPU time in {v}"),
         }
     };
@@ -376,15 +392,22 @@ fn cpu_us_per_mib(output: &str, label: &str) -> Result<f64> {
             _ => bail!("no NVMe byte counters in {v}"),
         }
     };
-    let mut cpu_us = 0.0;
+    let (mut cpu_us, mut idle_us) = (0.0, 0.0);
     for server in CPU_SERVERS {
-        cpu_us += cpu(&status("end", server)?)? - cpu(&status("begin", server)?)?;
+        let (end, end_idle) = cpu(&status("end", server)?)?;
+        let (begin, begin_idle) = cpu(&status("begin", server)?)?;
+        cpu_us += end - begin;
+        idle_us += end_idle - begin_idle;
     }
     let moved = bytes(&status("end", "nvme0")?)? - bytes(&status("begin", "nvme0")?)?;
     if moved <= 0.0 {
         bail!("{label}: nvme0 moved no data between the CPU marks");
     }
-    Ok(cpu_us / (moved / (1024.0 * 1024.0)))
+    let mib = moved / (1024.0 * 1024.0);
+    Ok(ServerCost {
+        total: cpu_us / mib,
+        busy: (cpu_us - idle_us).max(0.0) / mib,
+    })
 }
 
 fn guest_script(jobs: &[&Job], runtime: u32, p2p: bool) -> String {
@@ -424,6 +447,10 @@ struct Sample {
     bytes_per_sec: f64,
     p50_us: f64,
     p99_us: f64,
+    /// fio's own CPU time in the guest (user + system, its thread only)
+    /// per MiB it moved: under TCG the guest's vCPU is often what limits
+    /// a job, and this tells how much of it each byte took.
+    guest_cpu_us_per_mib: f64,
 }
 
 impl Sample {
@@ -452,11 +479,23 @@ fn parse_fio(json: &str) -> Result<Sample> {
                     .and_then(Value::as_f64)
                     .with_context(|| format!("fio JSON has no {dir}{pointer}"))
             };
+            let job_number = |key: &str| -> Result<f64> {
+                job.get(key)
+                    .and_then(Value::as_f64)
+                    .with_context(|| format!("fio JSON has no {key}"))
+            };
+            let cpu_share = (job_number("usr_cpu")? + job_number("sys_cpu")?) / 100.0;
+            let runtime_us = job_number("job_runtime")? * 1000.0;
+            let mib = number("/io_bytes")? / (1024.0 * 1024.0);
+            if mib <= 0.0 {
+                bail!("fio moved no bytes");
+            }
             return Ok(Sample {
                 iops,
                 bytes_per_sec: number("/bw_bytes")?,
                 p50_us: number("/clat_ns/percentile/50.000000")? / 1000.0,
                 p99_us: number("/clat_ns/percentile/99.000000")? / 1000.0,
+                guest_cpu_us_per_mib: cpu_share * runtime_us / mib,
             });
         }
     }
@@ -476,7 +515,7 @@ struct Side {
     /// writes of the whole boot, from their stats.json.
     nic_paths: Vec<Value>,
     /// P2P job label -> server CPU µs per MiB moved, per round
-    cpu_per_mib: BTreeMap<String, Vec<f64>>,
+    cpu_per_mib: BTreeMap<String, Vec<ServerCost>>,
     /// process -> peak RSS per round, bytes
     rss: BTreeMap<String, Vec<u64>>,
     run_dirs: Vec<PathBuf>,
@@ -739,7 +778,12 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
             right: copy("ram"),
             lower_is_better: false,
         });
-    let cpu = |label: String| ours.cpu_per_mib.get(&label).cloned().unwrap_or_default();
+    let cpu = |label: String, part: fn(&ServerCost) -> f64| -> Vec<f64> {
+        ours.cpu_per_mib
+            .get(&label)
+            .map(|costs| costs.iter().map(part).collect())
+            .unwrap_or_default()
+    };
     P2P.iter()
         .flat_map(|job| {
             [
@@ -751,8 +795,24 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
                 },
                 Row {
                     label: format!("{} server CPU µs/MiB", job.name),
-                    left: cpu(format!("p2p-{}", job.name)),
-                    right: cpu(format!("ram-{}", job.name)),
+                    left: cpu(format!("p2p-{}", job.name), |c| c.total),
+                    right: cpu(format!("ram-{}", job.name), |c| c.total),
+                    lower_is_better: true,
+                },
+                Row {
+                    label: format!("{} server busy CPU µs/MiB", job.name),
+                    left: cpu(format!("p2p-{}", job.name), |c| c.busy),
+                    right: cpu(format!("ram-{}", job.name), |c| c.busy),
+                    lower_is_better: true,
+                },
+                Row {
+                    label: format!("{} guest fio CPU µs/MiB", job.name),
+                    left: figures(ours, &format!("p2p-{}", job.name), |s| {
+                        s.guest_cpu_us_per_mib
+                    }),
+                    right: figures(ours, &format!("ram-{}", job.name), |s| {
+                        s.guest_cpu_us_per_mib
+                    }),
                     lower_is_better: true,
                 },
             ]
@@ -1170,8 +1230,9 @@ mod tests {
 
     #[test]
     fn parses_fio_json_for_the_busy_direction() {
-        let json = r#"{"jobs":[{"read":{"iops":0,"bw_bytes":0},"write":{"iops":2000.5,"bw_bytes":8194048,
-            "clat_ns":{"percentile":{"50.000000":45000,"99.000000":123000}}}}]}"#;
+        let json = r#"{"jobs":[{"job_runtime":2000,"usr_cpu":10.0,"sys_cpu":40.0,
+            "read":{"iops":0,"bw_bytes":0},"write":{"iops":2000.5,"bw_bytes":8194048,
+            "io_bytes":16388096,"clat_ns":{"percentile":{"50.000000":45000,"99.000000":123000}}}}]}"#;
         let s = parse_fio(json).unwrap();
         assert_eq!(
             s,
@@ -1179,9 +1240,13 @@ mod tests {
                 iops: 2000.5,
                 bytes_per_sec: 8194048.0,
                 p50_us: 45.0,
-                p99_us: 123.0
+                p99_us: 123.0,
+                // Half of 2 s of CPU over 15.63 MiB.
+                guest_cpu_us_per_mib: 0.5 * 2_000_000.0 / (16388096.0 / 1048576.0),
             }
         );
+        let no_cpu = json.replace(r#""usr_cpu":10.0,"#, "");
+        assert!(parse_fio(&no_cpu).is_err(), "missing CPU time is an error");
         assert!(parse_fio(r#"{"jobs":[{"read":{"iops":0}}]}"#).is_err());
         assert!(
             parse_fio(r#"{"jobs":[{"read":{"iops":5,"bw_bytes":1}}]}"#).is_err(),
@@ -1217,28 +1282,40 @@ mod tests {
     }
 
     /// Catches a CPU-per-byte figure taken from the wrong marks or the
-    /// wrong server, or one computed when nothing moved.
+    /// wrong server, one computed when nothing moved, or a busy figure that
+    /// does not take the idle polling out.
     #[test]
     fn cpu_cost_is_the_servers_cpu_over_the_bytes_moved_between_marks() {
-        let status = |cpu: u64, read: u64| {
+        let status = |cpu: u64, idle: u64, read: u64| {
             format!(
-                r#"{{"counters":{{"bytes_read":{read},"bytes_written":0}},"process":{{"cpu_user_us":{cpu},"cpu_system_us":5}}}}"#
+                r#"{{"counters":{{"bytes_read":{read},"bytes_written":0}},"process":{{"cpu_user_us":{cpu},"cpu_system_us":5,"idle_poll_cpu_us":{idle}}}}}"#
             )
         };
         let output = [
-            format!("CPU ram-x begin nvme0 {}", status(1_000, 0)),
-            format!("CPU ram-x begin gpu0 {}", status(70, 0)),
+            format!("CPU ram-x begin nvme0 {}", status(1_000, 100, 0)),
+            format!("CPU ram-x begin gpu0 {}", status(70, 0, 0)),
             "BENCH ram-x {}".to_owned(),
-            format!("CPU ram-x end nvme0 {}", status(3_000, 4 << 20)),
-            format!("CPU ram-x end gpu0 {}", status(270, 0)),
-            format!("CPU p2p-x begin nvme0 {}", status(3_000, 4 << 20)),
-            format!("CPU p2p-x begin gpu0 {}", status(270, 0)),
-            format!("CPU p2p-x end nvme0 {}", status(3_000, 4 << 20)),
-            format!("CPU p2p-x end gpu0 {}", status(270, 0)),
+            format!("CPU ram-x end nvme0 {}", status(3_000, 900, 4 << 20)),
+            format!("CPU ram-x end gpu0 {}", status(270, 0, 0)),
+            format!("CPU p2p-x begin nvme0 {}", status(3_000, 900, 4 << 20)),
+            format!("CPU p2p-x begin gpu0 {}", status(270, 0, 0)),
+            format!("CPU p2p-x end nvme0 {}", status(3_000, 900, 4 << 20)),
+            format!("CPU p2p-x end gpu0 {}", status(270, 0, 0)),
         ]
         .join("\n");
-        // (2000 + 200) µs over 4 MiB.
-        assert_eq!(cpu_us_per_mib(&output, "ram-x").unwrap(), 550.0);
+        // (2000 + 200) µs over 4 MiB, 800 µs of it idle polling.
+        assert_eq!(
+            cpu_us_per_mib(&output, "ram-x").unwrap(),
+            ServerCost {
+                total: 550.0,
+                busy: 350.0
+            }
+        );
+        let old_server = output.replace(r#","idle_poll_cpu_us":900"#, "");
+        assert!(
+            cpu_us_per_mib(&old_server, "ram-x").is_err(),
+            "a server that does not report idle polling has no busy figure"
+        );
         assert!(cpu_us_per_mib(&output, "p2p-x").is_err(), "nothing moved");
         assert!(cpu_us_per_mib(&output, "other").is_err(), "no marks");
         let script = guest_script(&[], 5, true);
