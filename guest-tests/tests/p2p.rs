@@ -65,9 +65,16 @@ echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
 # Both devices trace this transfer, switched from inside the guest.
 p2plab-ctl nvme0 trace on >/dev/null; echo "TRACE_ON_NVME0=$?"
 p2plab-ctl gpu0 trace on >/dev/null; echo "TRACE_ON_GPU0=$?"
+# The guest kernel's own profile of this transfer (booted with profile=2).
+p2plab-kprofile reset; echo "KPROFILE_RESET_STATUS=$?"
+kprofile_start=$(date +%s%N)
 p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 64M --chunk 1M \
   --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/n2g.crc' \
   > /run/p2plab/n2g.out 2>&1; echo "N2G_STATUS=$?"
+p2plab-kprofile top --count 100000 --json > /run/p2plab/kprofile.json; echo "KPROFILE_STATUS=$?"
+echo "KPROFILE_MS=$((($(date +%s%N) - kprofile_start) / 1000000))"
+echo "KPROFILE_CPUS=$(nproc)"
+echo "KPROFILE_JSON=$(cat /run/p2plab/kprofile.json)"
 p2plab-ctl nvme0 trace off >/dev/null; echo "TRACE_OFF_NVME0=$?"
 p2plab-ctl gpu0 trace off >/dev/null; echo "TRACE_OFF_GPU0=$?"
 sed 's/^/N2G_/' /run/p2plab/n2g.out
@@ -164,6 +171,51 @@ echo "KERNEL_COMPLAINTS=$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|leak|refcount_t
 exit 0
 "#;
 
+/// `p2plab-kprofile` around the NVMe -> GPU transfer: the guest kernel's
+/// ticks, named. Catches a profile read with the wrong layout (the names
+/// are then scattered across unrelated kernel text, and neither the
+/// O_DIRECT pinning nor the block layer shows up), ticks lost, or a reset
+/// that does not reset (boot-time ticks would dwarf the transfer's).
+fn check_kernel_profile(run: &common::GuestRun) {
+    run.expect("KPROFILE_RESET_STATUS", "0");
+    run.expect("KPROFILE_STATUS", "0");
+    let profile: Value = serde_json::from_str(run.fact("KPROFILE_JSON"))
+        .unwrap_or_else(|e| panic!("p2plab-kprofile --json: {e}"));
+    let total = profile["ticks"].as_u64().expect("ticks");
+    let functions = profile["functions"].as_array().expect("functions");
+    let listed: u64 = functions.iter().filter_map(|f| f["ticks"].as_u64()).sum();
+    assert_eq!(listed, total, "every tick belongs to one function");
+    // The guest kernel ticks at 250 Hz (CONFIG_HZ) on each vCPU, idle
+    // ones at most as often: the window bounds the total from above (the
+    // boot's ticks, left by a reset that does not zero, exceed it), and
+    // the transfer, which keeps one vCPU busy in the kernel for most of
+    // the window, from below.
+    let window_ms = run.fact_u64("KPROFILE_MS");
+    let cpus = run.fact_u64("KPROFILE_CPUS");
+    let most = 250 * cpus * window_ms / 1000 + 25 * cpus;
+    assert!(
+        total <= most,
+        "{total} ticks in {window_ms} ms on {cpus} vCPUs: reset did not zero"
+    );
+    assert!(
+        total >= 250 * window_ms / 1000 / 4,
+        "{total} ticks in {window_ms} ms"
+    );
+    let ticks_in = |pred: &dyn Fn(&str) -> bool| -> u64 {
+        functions
+            .iter()
+            .filter(|f| f["symbol"].as_str().is_some_and(pred))
+            .filter_map(|f| f["ticks"].as_u64())
+            .sum()
+    };
+    let block = ticks_in(&|s| s.starts_with("bio_") || s.starts_with("blk_"));
+    let pinning = ticks_in(&|s| s.starts_with("gup_") || s.contains("pin_user_pages"));
+    assert!(
+        block > 0 && pinning > 0,
+        "block {block}, pinning {pinning}: {functions:?}"
+    );
+}
+
 /// Catches a log parser that counts bytes outside the window, of the
 /// other direction, or of the other path (messages vs peer windows).
 #[test]
@@ -205,9 +257,11 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
             // a 512 MiB checksum, which the driver ends with one engine
             // reset.
             kernel_log: vec![Expected::exactly("p2plab_gpu*resetting the engine", 1)],
+            append: vec!["profile=2".into()],
             ..Boot::default()
         },
     );
+    check_kernel_profile(&run);
     run.expect("GPU_P2P_PUBLISHED", "1");
     run.expect("GPU_P2P_ADDED", "1");
     assert_eq!(run.fact_u64("GPU_P2P_SIZE"), 1 << 30);

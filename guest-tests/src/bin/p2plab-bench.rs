@@ -179,9 +179,11 @@ const COMPARED: &[Job] = &[
     },
 ];
 
-/// Run on p2plab only, twice in the same boot: once into guest RAM
-/// (`ram-NAME`) and once into the GPU's p2pmem (`p2p-NAME`), so the P2P
-/// path is judged against the RAM path under the same conditions.
+/// Run on p2plab only, three times in the same boot: into guest RAM with
+/// transparent huge pages off (`ram4k-NAME`, 4 KiB pages like p2pmem's),
+/// into guest RAM as fio allocates it (`ram-NAME`: Debian's kernel backs
+/// it with 2 MiB pages), and into the GPU's p2pmem (`p2p-NAME`), so the
+/// P2P path is judged against the RAM path under the same conditions.
 const P2P: &[Job] = &[
     Job {
         name: "nvme-to-gpu-1m-qd4",
@@ -424,6 +426,16 @@ fn guest_script(jobs: &[&Job], runtime: u32, p2p: bool) -> String {
              || { echo 'no GPU with published p2pmem'; exit 1; }\n",
         );
         for job in P2P {
+            // First, so that it gets the least fragmented memory of the
+            // three: physically contiguous pages need fewer DMA segments.
+            script.push_str(&format!(
+                "thp=/sys/kernel/mm/transparent_hugepage/enabled\n\
+                 thp_was=$(sed 's/.*\\[\\(.*\\)\\].*/\\1/' $thp)\n\
+                 echo never > $thp\n\
+                 {}\
+                 echo $thp_was > $thp\n",
+                fio_line(&format!("ram4k-{}", job.name), job.fio, "", runtime)
+            ));
             for (label, mem) in [
                 (format!("ram-{}", job.name), ""),
                 (
@@ -815,6 +827,24 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
                     }),
                     lower_is_better: true,
                 },
+                Row {
+                    label: format!("{} {} vs 4k-page RAM", job.name, job.metric.label()),
+                    left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
+                    right: figures(ours, &format!("ram4k-{}", job.name), |s| {
+                        s.figure(job.metric)
+                    }),
+                    lower_is_better: false,
+                },
+                Row {
+                    label: format!("{} guest fio CPU µs/MiB vs 4k-page RAM", job.name),
+                    left: figures(ours, &format!("p2p-{}", job.name), |s| {
+                        s.guest_cpu_us_per_mib
+                    }),
+                    right: figures(ours, &format!("ram4k-{}", job.name), |s| {
+                        s.guest_cpu_us_per_mib
+                    }),
+                    lower_is_better: true,
+                },
             ]
         })
         .chain(copy_rows)
@@ -1032,6 +1062,7 @@ fn run(cli: &Cli) -> Result<()> {
     let anchor_labels = ours_labels.clone();
     if !cli.no_p2p {
         for job in P2P {
+            ours_labels.push(format!("ram4k-{}", job.name));
             ours_labels.push(format!("ram-{}", job.name));
             ours_labels.push(format!("p2p-{}", job.name));
         }
@@ -1443,6 +1474,14 @@ mod tests {
                 script.matches(&format!("--name=p2p-{} ", job.name)).count(),
                 1
             );
+            // The 4 KiB-page RAM job runs with THP off, and THP is set
+            // back before the next job.
+            let ram4k = format!("--name=ram4k-{} ", job.name);
+            assert_eq!(script.matches(&ram4k).count(), 1);
+            let lines: Vec<&str> = script.lines().collect();
+            let at = lines.iter().position(|l| l.contains(&ram4k)).unwrap();
+            assert_eq!(lines[at - 1], "echo never > $thp");
+            assert_eq!(lines[at + 1], "echo $thp_was > $thp");
         }
         assert_eq!(script.matches("p2pmem/allocate").count(), P2P.len());
         assert!(!guest_script(&selected(&[]), 5, false).contains("p2pmem"));
