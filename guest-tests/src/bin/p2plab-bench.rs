@@ -750,7 +750,7 @@ impl Row {
             None => "-".into(),
         };
         println!(
-            "{:<34} {:>22} {:>22} {:>18}",
+            "{:<58} {:>22} {:>22} {:>18}",
             self.label,
             cell(&self.left),
             cell(&self.right),
@@ -945,7 +945,7 @@ fn svg(title: &str, sections: &[(&str, &[Row])]) -> String {
         .map(|s| s.max)
         .fold(1.5f64, f64::max)
         .ceil();
-    let (left, width, bar_h, gap) = (420.0, 420.0, 16.0, 8.0);
+    let (left, width, bar_h, gap) = (600.0, 420.0, 16.0, 8.0);
     let height = 60.0 + rows.len() as f64 * (bar_h + gap) + 30.0;
     let x = |v: f64| left + v / top * width;
     let mut s = String::new();
@@ -1200,7 +1200,7 @@ fn run(cli: &Cli) -> Result<()> {
     );
     if !compared.is_empty() {
         println!(
-            "{:<34} {:>22} {:>22} {:>18}",
+            "{:<58} {:>22} {:>22} {:>18}",
             "workload", "p2plab-nvme", "qemu nvme", "ratio"
         );
     }
@@ -1209,7 +1209,7 @@ fn run(cli: &Cli) -> Result<()> {
     }
     if !p2p.is_empty() {
         println!(
-            "{:<34} {:>22} {:>22} {:>18}",
+            "{:<58} {:>22} {:>22} {:>18}",
             "P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"
         );
         for row in &p2p {
@@ -1218,7 +1218,7 @@ fn run(cli: &Cli) -> Result<()> {
     }
     if !rdma_rows.is_empty() {
         println!(
-            "{:<34} {:>22} {:>22} {:>18}",
+            "{:<58} {:>22} {:>22} {:>18}",
             "RDMA workload (same boot)", "GPU memory", "guest RAM", "ratio"
         );
         for row in &rdma_rows {
