@@ -796,15 +796,23 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
             .map(|costs| costs.iter().map(part).collect())
             .unwrap_or_default()
     };
+    // p2pmem against one of the RAM buffers (`ram`, `ram4k`) of a job.
+    let sample_row = |job: &Job, what: &str, ram: &str, figure: &dyn Fn(&Sample) -> f64| Row {
+        label: format!("{} {what}", job.name),
+        left: figures(ours, &format!("p2p-{}", job.name), figure),
+        right: figures(ours, &format!("{ram}-{}", job.name), figure),
+        lower_is_better: false,
+    };
+    let cost_row = |job: &Job, what: &str, ram: &str, figure: &dyn Fn(&Sample) -> f64| Row {
+        lower_is_better: true,
+        ..sample_row(job, what, ram, figure)
+    };
+    let guest_cpu = |s: &Sample| s.guest_cpu_us_per_mib;
     P2P.iter()
         .flat_map(|job| {
+            let metric = |s: &Sample| s.figure(job.metric);
             [
-                Row {
-                    label: format!("{} {}", job.name, job.metric.label()),
-                    left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
-                    right: figures(ours, &format!("ram-{}", job.name), |s| s.figure(job.metric)),
-                    lower_is_better: false,
-                },
+                sample_row(job, job.metric.label(), "ram", &metric),
                 Row {
                     label: format!("{} server CPU µs/MiB", job.name),
                     left: cpu(format!("p2p-{}", job.name), |c| c.total),
@@ -817,34 +825,19 @@ fn p2p_rows(ours: &Side, copies: &Side) -> Vec<Row> {
                     right: cpu(format!("ram-{}", job.name), |c| c.busy),
                     lower_is_better: true,
                 },
-                Row {
-                    label: format!("{} guest fio CPU µs/MiB", job.name),
-                    left: figures(ours, &format!("p2p-{}", job.name), |s| {
-                        s.guest_cpu_us_per_mib
-                    }),
-                    right: figures(ours, &format!("ram-{}", job.name), |s| {
-                        s.guest_cpu_us_per_mib
-                    }),
-                    lower_is_better: true,
-                },
-                Row {
-                    label: format!("{} {} vs 4k-page RAM", job.name, job.metric.label()),
-                    left: figures(ours, &format!("p2p-{}", job.name), |s| s.figure(job.metric)),
-                    right: figures(ours, &format!("ram4k-{}", job.name), |s| {
-                        s.figure(job.metric)
-                    }),
-                    lower_is_better: false,
-                },
-                Row {
-                    label: format!("{} guest fio CPU µs/MiB vs 4k-page RAM", job.name),
-                    left: figures(ours, &format!("p2p-{}", job.name), |s| {
-                        s.guest_cpu_us_per_mib
-                    }),
-                    right: figures(ours, &format!("ram4k-{}", job.name), |s| {
-                        s.guest_cpu_us_per_mib
-                    }),
-                    lower_is_better: true,
-                },
+                cost_row(job, "guest fio CPU µs/MiB", "ram", &guest_cpu),
+                sample_row(
+                    job,
+                    &format!("{} vs 4k-page RAM", job.metric.label()),
+                    "ram4k",
+                    &metric,
+                ),
+                cost_row(
+                    job,
+                    "guest fio CPU µs/MiB vs 4k-page RAM",
+                    "ram4k",
+                    &guest_cpu,
+                ),
             ]
         })
         .chain(copy_rows)
@@ -1457,6 +1450,64 @@ mod tests {
         assert_eq!(paths["nic0_dma_peer_read_bytes"], 10);
         assert_eq!(paths["nic1_dma_peer_write_bytes"], 11);
         assert_eq!(paths["nic1_dma_message_write_bytes"], 1);
+    }
+
+    /// Catches P2P rows that compare p2pmem with the wrong RAM buffer
+    /// (THP against 4 KiB pages), the wrong figure, or a cost row that
+    /// claims higher is better.
+    #[test]
+    fn p2p_rows_compare_p2pmem_with_each_ram_buffer() {
+        let sample = |mib_s: f64, cpu: f64| Sample {
+            iops: 1.0,
+            bytes_per_sec: mib_s * 1048576.0,
+            p50_us: 1.0,
+            p99_us: 1.0,
+            guest_cpu_us_per_mib: cpu,
+        };
+        let mut ours = Side::default();
+        for job in P2P {
+            for (buffer, mib_s, cpu) in [
+                ("p2p", 500.0, 20.0),
+                ("ram", 700.0, 10.0),
+                ("ram4k", 400.0, 30.0),
+            ] {
+                ours.samples
+                    .insert(format!("{buffer}-{}", job.name), vec![sample(mib_s, cpu)]);
+            }
+            for (buffer, busy) in [("p2p", 3.0), ("ram", 4.0)] {
+                ours.cpu_per_mib.insert(
+                    format!("{buffer}-{}", job.name),
+                    vec![ServerCost { total: 9.0, busy }],
+                );
+            }
+        }
+        let rows = p2p_rows(&ours, &Side::default());
+        let row = |label: &str| {
+            rows.iter()
+                .find(|r| r.label == label)
+                .unwrap_or_else(|| panic!("no row {label}"))
+        };
+        let name = P2P[0].name;
+        let check = |label: String, left: f64, right: f64, lower: bool| {
+            let r = row(&label);
+            assert_eq!(
+                (r.left.as_slice(), r.right.as_slice()),
+                (&[left][..], &[right][..]),
+                "{label}"
+            );
+            assert_eq!(r.lower_is_better, lower, "{label}");
+        };
+        check(format!("{name} MiB/s"), 500.0, 700.0, false);
+        check(format!("{name} MiB/s vs 4k-page RAM"), 500.0, 400.0, false);
+        check(format!("{name} guest fio CPU µs/MiB"), 20.0, 10.0, true);
+        check(
+            format!("{name} guest fio CPU µs/MiB vs 4k-page RAM"),
+            20.0,
+            30.0,
+            true,
+        );
+        check(format!("{name} server CPU µs/MiB"), 9.0, 9.0, true);
+        check(format!("{name} server busy CPU µs/MiB"), 3.0, 4.0, true);
     }
 
     #[test]
