@@ -185,11 +185,11 @@ fn check_kernel_profile(run: &common::GuestRun) {
     let functions = profile["functions"].as_array().expect("functions");
     let listed: u64 = functions.iter().filter_map(|f| f["ticks"].as_u64()).sum();
     assert_eq!(listed, total, "every tick belongs to one function");
-    // The guest kernel ticks at 250 Hz (CONFIG_HZ) on each vCPU, idle
-    // ones at most as often: the window bounds the total from above (the
-    // boot's ticks, left by a reset that does not zero, exceed it), and
-    // the transfer, which keeps one vCPU busy in the kernel for most of
-    // the window, from below.
+    // The guest kernel ticks at 250 Hz (CONFIG_HZ) at most on each vCPU
+    // (an idle one may stop its tick, a busy one in user space is not
+    // profiled): the window bounds the total from above (the boot's
+    // ticks, left by a reset that does not zero, exceed it). From below,
+    // only loosely: a host under load delivers fewer ticks per second.
     let window_ms = run.fact_u64("KPROFILE_MS");
     let cpus = run.fact_u64("KPROFILE_CPUS");
     let most = 250 * cpus * window_ms / 1000 + 25 * cpus;
@@ -197,10 +197,7 @@ fn check_kernel_profile(run: &common::GuestRun) {
         total <= most,
         "{total} ticks in {window_ms} ms on {cpus} vCPUs: reset did not zero"
     );
-    assert!(
-        total >= 250 * window_ms / 1000 / 4,
-        "{total} ticks in {window_ms} ms"
-    );
+    assert!(total >= 20, "{total} ticks in {window_ms} ms");
     let ticks_in = |pred: &dyn Fn(&str) -> bool| -> u64 {
         functions
             .iter()
