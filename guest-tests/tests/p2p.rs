@@ -17,6 +17,10 @@
 //! pointer is not placed in the peer BAR, GPU jobs missing from the
 //! trace, or a Chrome timeline whose clocks do not line up (the checksum
 //! before the last Read that filled its bytes).
+//! The lab boot runs with the guest kernel's tick profiler (`profile=2`):
+//! it fails when `p2plab-kprofile` misreads `/proc/profile` (the transfer's
+//! block-layer and page-pinning functions must show up), loses ticks, or
+//! does not reset.
 //! The lab test also fails when P2P bytes do not take the zero-copy peer
 //! path (the NVMe server's `dma_peer_*` counters and its debug log must
 //! show exactly the bytes moved, inside GPU BAR2, the GPU server's
