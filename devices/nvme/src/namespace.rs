@@ -885,10 +885,6 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
-    /// Catches a zero-copy transfer that drops, repeats or misplaces bytes:
-    /// more iovecs than one preadv takes (two calls), odd lengths and an
-    /// empty slice, compared byte for byte with plain pread/pwrite, on both
-    /// cachings (O_DIRECT for the aligned pieces).
     /// `bytes` cut into consecutive slices of `lens`.
     fn cut<'a>(mut bytes: &'a mut [u8], lens: &[usize]) -> Vec<VolatileSlice<'a>> {
         let mut slices = Vec::new();
@@ -900,6 +896,10 @@ mod tests {
         slices
     }
 
+    /// Catches a zero-copy transfer that drops, repeats or misplaces bytes:
+    /// more iovecs than one preadv takes (two calls), odd lengths and an
+    /// empty slice, compared byte for byte with plain pread/pwrite, on both
+    /// cachings (O_DIRECT for the aligned pieces).
     #[test]
     fn vectored_transfers_match_plain_ones() {
         for caching in [Caching::Page, Caching::Direct] {

@@ -113,49 +113,57 @@ impl InterruptHold {
             // Probe: one hold decides whether holding pays again.
             self.score = 1;
         }
-        let outcome = p2plab_server::usage::idle_poll(|| {
-            let start = Instant::now();
-            while start.elapsed() < hold {
-                std::thread::yield_now();
-                if queue.stopped() {
-                    return Some(false);
-                }
-                if queue.tail_moved() {
-                    return Some(true);
-                }
-            }
-            None
-        });
-        match outcome {
-            Some(true) => {
+        match watch(queue, hold) {
+            Watched::Moved => {
                 self.score = (self.score + HOLD_HIT).min(HOLD_SCORE_MAX);
-                return true;
+                true
             }
-            Some(false) => return false,
-            None => {}
+            Watched::Stopped => false,
+            Watched::Quiet => {
+                self.score -= 1;
+                if self.score == 0 {
+                    self.backoff = HOLD_BACKOFF;
+                }
+                false
+            }
         }
-        self.score -= 1;
-        if self.score == 0 {
-            self.backoff = HOLD_BACKOFF;
-        }
-        false
     }
+}
+
+/// What watching a drained SQ saw.
+enum Watched {
+    /// The host queued more entries.
+    Moved,
+    /// The queue is being stopped.
+    Stopped,
+    /// Neither, for the whole time.
+    Quiet,
+}
+
+/// Watches a drained SQ for up to `time`, yielding the CPU to any runnable
+/// thread (the TCG vCPUs) between looks. Its CPU time counts as idle
+/// polling in the process's usage.
+fn watch(queue: &impl HeldQueue, time: Duration) -> Watched {
+    p2plab_server::usage::idle_poll(|| {
+        let start = Instant::now();
+        while start.elapsed() < time {
+            if queue.stopped() {
+                return Watched::Stopped;
+            }
+            if queue.tail_moved() {
+                return Watched::Moved;
+            }
+            std::thread::yield_now();
+        }
+        Watched::Quiet
+    })
 }
 
 /// Watches the shadow tail for up to [`POLL`] before EventIdx is armed.
 /// Returns whether there is something to do (new entries, or a stop).
-/// Its CPU time counts as idle polling in the process's usage.
 fn poll_for_tail(state: &ControllerState, sq: &SubmissionQueue, head: u32) -> bool {
-    p2plab_server::usage::idle_poll(|| {
-        let start = Instant::now();
-        while start.elapsed() < POLL {
-            if sq.stopped() || sq.current_tail(&state.mem) != head {
-                return true;
-            }
-            std::thread::yield_now();
-        }
-        false
-    })
+    let queue = DrainedQueue { state, sq, head };
+    !matches!(watch(&queue, POLL), Watched::Quiet)
 }
 
 /// Decrements the live-worker count when the thread ends, panics included,

@@ -749,14 +749,13 @@ impl Row {
             Some(s) => format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max),
             None => "-".into(),
         };
-        println!(
-            "{:<58} {:>22} {:>22} {:>18}",
-            self.label,
-            cell(&self.left),
-            cell(&self.right),
-            ratio
-        );
+        print_line(&self.label, &cell(&self.left), &cell(&self.right), &ratio);
     }
+}
+
+/// One line of the results table: a label and three right-aligned cells.
+fn print_line(label: &str, left: &str, right: &str, ratio: &str) {
+    println!("{label:<58} {left:>22} {right:>22} {ratio:>18}");
 }
 
 fn compared_rows(jobs: &[&Job], ours: &Side, anchor: &Side) -> Vec<Row> {
@@ -1192,27 +1191,28 @@ fn run(cli: &Cli) -> Result<()> {
         cli.runtime
     );
     if !compared.is_empty() {
-        println!(
-            "{:<58} {:>22} {:>22} {:>18}",
-            "workload", "p2plab-nvme", "qemu nvme", "ratio"
-        );
+        print_line("workload", "p2plab-nvme", "qemu nvme", "ratio");
     }
     for row in &compared {
         row.print();
     }
     if !p2p.is_empty() {
-        println!(
-            "{:<58} {:>22} {:>22} {:>18}",
-            "P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"
+        print_line(
+            "P2P workload (p2plab, same boot)",
+            "GPU p2pmem",
+            "guest RAM",
+            "ratio",
         );
         for row in &p2p {
             row.print();
         }
     }
     if !rdma_rows.is_empty() {
-        println!(
-            "{:<58} {:>22} {:>22} {:>18}",
-            "RDMA workload (same boot)", "GPU memory", "guest RAM", "ratio"
+        print_line(
+            "RDMA workload (same boot)",
+            "GPU memory",
+            "guest RAM",
+            "ratio",
         );
         for row in &rdma_rows {
             row.print();
