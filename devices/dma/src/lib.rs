@@ -11,28 +11,31 @@
 //! the zero-copy peer path. Test fakes ([`testing`], behind the `testing`
 //! feature) implement it once for every model.
 //!
-//! [`DmaSpace`](p2plab_vfio_user::DmaSpace), the vfio-user transport's DMA
-//! address space, implements [`GuestMemory`] here, so server binaries hand
-//! it to a model as is.
+//! This crate is the bottom of the crate graph, as rust-vmm's vm-memory is
+//! below its devices and VMMs: it depends on no transport. The vfio-user
+//! transport's DMA address space (`p2plab_vfio_user::DmaSpace`) implements
+//! [`GuestMemory`], and its shared memory [`RegionMemory`], in the
+//! transport's crate, so server binaries hand them to a model as they are.
 
 #![deny(missing_docs)]
 
+mod access;
 mod fault;
 mod gate;
 mod region;
-mod transport;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use access::Access;
 pub use fault::{DmaFault, DmaFaultKind};
 pub use gate::BusMasterGate;
 pub use region::{checked_range, HeapRegion, RegionMemory};
-pub use transport::{fault_kind, SharedRegion};
 
 use std::sync::Arc;
 
-pub use p2plab_vfio_user::{Access, VolatileSlice};
+/// Volatile memory views a zero-copy access hands out.
+pub use vm_memory::VolatileSlice;
 
 /// Guest-physical memory as a bus master sees it: guest RAM and peer BARs
 /// at their bus addresses. Implementations are cheap to call from any

@@ -115,7 +115,7 @@ impl RegisterFile {
 
     /// Stops the engine on a ring-level error.
     pub fn halt(&mut self, error: StatusCode, stats: &Stats) {
-        p2plab_vfio_user::log_limited!(
+        p2plab_ratelimit::log_limited!(
             warn,
             code = error.code(),
             reason = error.meaning(),

@@ -136,7 +136,7 @@ fn backend_error(
     access: MediaAccess,
 ) -> Status {
     add(&state.stats.backend_errors, 1);
-    p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, ?access, "backing store error");
+    p2plab_ratelimit::log_limited!(warn, nsid = ns.nsid(), %e, ?access, "backing store error");
     io_error_status(e, access)
 }
 
@@ -148,7 +148,7 @@ fn flush_namespace(state: &ControllerState, ns: &Namespace) -> Result<(), Status
         Err(FlushError::Failed(e)) => Err(backend_error(state, ns, &e, MediaAccess::Write)),
         Err(FlushError::Sticky) => {
             add(&state.stats.sticky_flush_failures, 1);
-            p2plab_vfio_user::log_limited!(
+            p2plab_ratelimit::log_limited!(
                 warn,
                 nsid = ns.nsid(),
                 "flush refused: an earlier flush failed (reset the controller)"
@@ -416,7 +416,7 @@ fn dataset_management(cx: &mut CommandContext<'_>, f: DatasetManagement) -> Comm
     for ((offset, len), slba, blocks) in extents {
         ns.backend().discard(offset, len).map_err(|e| {
             add(&state.stats.backend_errors, 1);
-            p2plab_vfio_user::log_limited!(warn, nsid = ns.nsid(), %e, "deallocate failed");
+            p2plab_ratelimit::log_limited!(warn, nsid = ns.nsid(), %e, "deallocate failed");
             Status::INTERNAL_ERROR
         })?;
         state.repair_blocks(ns.nsid(), slba, blocks);

@@ -21,7 +21,7 @@
 //! # Module dependencies
 //!
 //! No module imports one that (directly or not) imports it back; the test
-//! `tests/module_layers.rs` checks it. From the bottom up, each layer
+//! `devices/layering/tests/workspace.rs` checks it. From the bottom up, each layer
 //! depends only on layers below it:
 //!
 //! 1. [`spec`], [`registers`], [`config`], [`stats`], [`interrupts`]:

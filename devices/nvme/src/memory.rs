@@ -684,7 +684,10 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let r = DmaRouter::new(
             Arc::new(FakeGuestMemory::new().with_region(0x10000, 0x10000)),
-            Some(Arc::new(p2plab_dma::SharedRegion::new(cmb.clone(), 0x2000))),
+            Some(Arc::new(p2plab_vfio_user::SharedRegion::new(
+                cmb.clone(),
+                0x2000,
+            ))),
             stats.clone(),
         );
         r.set_window(Some(0x40000));

@@ -10,12 +10,12 @@
 
 use std::sync::Arc;
 
-use p2plab_dma::{BusMasterGate, DmaFault, GuestMemory, RegionMemory, SharedRegion};
+use p2plab_dma::{BusMasterGate, DmaFault, GuestMemory, RegionMemory};
 use p2plab_pci::{
     BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
     MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
 };
-use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory};
+use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory, SharedRegion};
 use tracing::{debug, info};
 
 use crate::config::ControllerConfig;

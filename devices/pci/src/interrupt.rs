@@ -14,8 +14,9 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use p2plab_ratelimit::log_limited;
 use p2plab_vfio_user::fdkind::set_nonblocking;
-use p2plab_vfio_user::{log_limited, DeviceError, IrqAction, IrqData, IrqInfo, IrqSet};
+use p2plab_vfio_user::{DeviceError, IrqAction, IrqData, IrqInfo, IrqSet};
 use tracing::{debug, trace};
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE,

@@ -38,7 +38,7 @@
 //! ## Layering
 //!
 //! Modules import each other in one direction only (checked by
-//! `scripts/check-module-cycles`); each line lists what a module uses:
+//! `devices/layering/tests/workspace.rs`); each line lists what a module uses:
 //!
 //! ```text
 //! process     -> args, counters, logging, signals, stats_file   (the main skeleton)
@@ -64,8 +64,8 @@ pub use args::ServerArgs;
 pub use counters::CountersJson;
 pub use logging::init_logging;
 /// Rate-limited logging for anything a client or guest can trigger at will
-/// (see [`p2plab_vfio_user::ratelimit`]).
-pub use p2plab_vfio_user::log_limited;
+/// (see [`p2plab_ratelimit`]).
+pub use p2plab_ratelimit::log_limited;
 pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
 pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};
 pub use stats_file::{write_stats_file, StatsFileWriter};

@@ -97,9 +97,11 @@ mod tests {
         let cpu =
             |v: &Value| v["cpu_user_us"].as_u64().unwrap() + v["cpu_system_us"].as_u64().unwrap();
         let before = process_usage();
-        let start = std::time::Instant::now();
+        // Spin for 25 ms of this thread's CPU time, not of wall time: on a
+        // loaded host a wall-clock loop gets a fraction of a core.
+        let start = thread_cpu_ns();
         let mut x = 0u64;
-        while start.elapsed() < std::time::Duration::from_millis(50) {
+        while thread_cpu_ns() < start + 25_000_000 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);

@@ -26,21 +26,23 @@
 //! ## Layering
 //!
 //! Modules import each other in one direction only (checked by
-//! `scripts/check-module-cycles`); each line lists what a module uses,
+//! `devices/layering/tests/workspace.rs`); each line lists what a module uses,
 //! top to bottom:
 //!
 //! ```text
 //! server   -> session, link, config, device, dma,    accept loop, peer check,
-//!             record, ratelimit                      connection lifecycle
+//!             record                                 connection lifecycle
 //! session  -> link, config, device, dma, protocol,   one connection: read, check,
-//!             socket, record, fdkind, ratelimit      dispatch, reply
+//!             socket, record, fdkind                 dispatch, reply
 //! link     -> dma, protocol, socket                  writes and our DMA requests;
 //!                                                    implements dma's MessageDma
 //! config   -> protocol                               ServerConfig, ServerError
 //! shm      -> dma                                    memfd memory (a LocalMemory)
-//! record   -> fdkind, socket, ratelimit               session recordings (fuzz inputs)
+//! record   -> fdkind, socket                          session recordings (fuzz inputs)
 //! socket   -> protocol                               sendmsg/recvmsg with fds
-//! dma, device, protocol, fdkind, ratelimit           the ground: no crate imports
+//! guest_memory -> dma, shm                           DmaSpace as p2plab-dma's
+//!                                                    GuestMemory, SharedRegion
+//! dma, device, protocol, fdkind                      the ground: no crate imports
 //! ```
 //!
 //! The DMA address space sits at the bottom: it reaches fd-less client
@@ -55,9 +57,9 @@ pub mod config;
 pub mod device;
 pub mod dma;
 pub mod fdkind;
+mod guest_memory;
 mod link;
 pub mod protocol;
-pub mod ratelimit;
 pub mod record;
 pub mod server;
 mod session;
@@ -70,6 +72,7 @@ pub use dma::{
     Access, DmaError, DmaRange, DmaSpace, DmaStats, DmaTarget, LocalMemory, LocalWindowId, Perms,
     Traffic, DEFAULT_DMA_TIMEOUT,
 };
+pub use guest_memory::{fault_kind, SharedRegion};
 pub use server::{Server, ShutdownHandle};
 pub use session::ConnectionEnd;
 pub use shm::SharedMemory;

@@ -289,7 +289,7 @@ impl Recorder {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Err(e) = file.write_all(&out) {
-            crate::log_limited!(warn, "recording the session failed: {e}");
+            p2plab_ratelimit::log_limited!(warn, "recording the session failed: {e}");
         }
     }
 }

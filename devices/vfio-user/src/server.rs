@@ -13,8 +13,8 @@ use std::thread;
 
 use tracing::{info, info_span, warn};
 
-use crate::log_limited;
 use crate::record::Recorder;
+use p2plab_ratelimit::log_limited;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{ServerConfig, ServerError};

@@ -173,7 +173,7 @@ fn a_flood_of_bad_requests_does_not_flood_the_log() {
     serving.join().unwrap();
 
     let warnings = counter.warnings.load(Ordering::SeqCst);
-    let most = u64::from(p2plab_vfio_user::ratelimit::BURST) + elapsed;
+    let most = u64::from(p2plab_ratelimit::BURST) + elapsed;
     assert!(
         warnings <= most,
         "{warnings} warnings for {FLOOD} bad requests (at most {most})"

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use crate::buffer::{GpuBuffer, Refusal};
 use crate::error::{ErrorCode, GdsError, Result};
 use crate::exec;
 use crate::file::FileHandle;
@@ -15,83 +16,11 @@ use crate::gpu::{list_gpus, GpuDevice};
 use crate::plan::{plan, BufferFacts, Request, Verdict};
 use crate::report::{IoReport, Reason};
 use crate::topology::{pci_device_chain, PciChain, Relation};
-use crate::vram::{locate, VramKind, VramLocation, VramMapping};
+use crate::vram::{locate, VramMapping};
 
 /// Environment variable: `1` forces compat mode for every transfer
 /// (like cuFile's `force_compat_mode`).
 pub const ENV_FORCE_COMPAT: &str = "P2PLAB_GDS_FORCE_COMPAT";
-
-/// A P2P refusal the driver remembers for a (file system, GPU) pair.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    pub reason: Reason,
-    pub errno: i32,
-    pub detail: String,
-}
-
-/// Registered GPU memory: where it is in VRAM and the GPU it belongs to.
-#[derive(Debug)]
-pub struct GpuBuffer {
-    pub addr: u64,
-    pub len: u64,
-    pub location: VramLocation,
-    gpu: Arc<GpuDevice>,
-    /// Keeps a library-made mapping alive while registered.
-    _owner: Option<Arc<VramMapping>>,
-}
-
-impl GpuBuffer {
-    pub fn gpu(&self) -> &GpuDevice {
-        &self.gpu
-    }
-
-    pub fn p2pmem(&self) -> bool {
-        self.location.kind == VramKind::P2pmem
-    }
-
-    fn check_range(&self, offset: u64, len: u64) -> Result<u64> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.location.vram_offset + offset),
-            _ => Err(GdsError::new(
-                ErrorCode::MemoryNotRegistered,
-                format!(
-                    "[{offset}, +{len}) reaches past the registered {} bytes",
-                    self.len
-                ),
-            )
-            .with_errno(libc::EINVAL)),
-        }
-    }
-
-    /// VRAM offset of buffer byte `offset`.
-    pub fn vram_offset(&self, offset: u64) -> u64 {
-        self.location.vram_offset + offset
-    }
-
-    /// CRC32C of buffer bytes `[offset, offset + len)`, computed by the
-    /// GPU's engine in VRAM.
-    pub fn checksum(&self, offset: u64, len: u64) -> Result<u32> {
-        let vram = self.check_range(offset, len)?;
-        self.gpu.checksum(vram, len)
-    }
-
-    /// Host memory -> buffer at `offset` (the GPU engine copies).
-    pub fn copy_from_host(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let vram = self.check_range(offset, data.len() as u64)?;
-        self.gpu.copy_to_vram(vram, data)
-    }
-
-    /// Buffer at `offset` -> host memory (the GPU engine copies).
-    pub fn copy_to_host(&self, offset: u64, data: &mut [u8]) -> Result<()> {
-        let vram = self.check_range(offset, data.len() as u64)?;
-        self.gpu.copy_from_vram(vram, data)
-    }
-
-    pub fn fill(&self, offset: u64, len: u64, pattern: u32) -> Result<()> {
-        let vram = self.check_range(offset, len)?;
-        self.gpu.fill(vram, len, pattern)
-    }
-}
 
 /// What the driver knows about P2P between a file and a GPU.
 #[derive(Clone, Debug)]
@@ -214,13 +143,7 @@ impl Driver {
         let len = mapping.len() as u64;
         let location = locate(&self.sysfs, addr, len)?;
         let gpu = self.gpu(&location.bdf)?;
-        Ok(GpuBuffer {
-            addr,
-            len,
-            location,
-            gpu,
-            _owner: Some(mapping),
-        })
+        Ok(GpuBuffer::new(addr, len, location, gpu, Some(mapping)))
     }
 
     /// Registers `[addr, addr + len)` of GPU memory the caller mapped
@@ -237,13 +160,7 @@ impl Driver {
         let addr = addr as u64;
         let location = locate(&self.sysfs, addr, len)?;
         let gpu = self.gpu(&location.bdf)?;
-        Ok(GpuBuffer {
-            addr,
-            len,
-            location,
-            gpu,
-            _owner: None,
-        })
+        Ok(GpuBuffer::new(addr, len, location, gpu, None))
     }
 
     /// What is known about P2P between `file` and the GPU `gpu_bdf`.
@@ -395,6 +312,8 @@ impl Driver {
         let verdict = self.verdict(file, buf);
         let holes = |start, end| file.holes(start, end);
         let planned = plan(&req, &facts, &buffer, &verdict, &holes);
-        exec::execute(self, file, buf, &req, planned)
+        exec::execute(file, buf, &req, planned, &|errno| {
+            self.refused(file, buf, errno)
+        })
     }
 }

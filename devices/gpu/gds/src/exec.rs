@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-use crate::driver::{Driver, GpuBuffer, Refusal};
+use crate::buffer::{GpuBuffer, Refusal};
 use crate::error::{GdsError, Result};
 use crate::file::FileHandle;
 use crate::plan::{Plan, Request, Segment};
@@ -26,12 +26,14 @@ pub fn is_p2p_refusal(errno: i32) -> bool {
     matches!(errno, libc::EINVAL | libc::EREMOTEIO | libc::EOPNOTSUPP)
 }
 
+/// Runs `plan`; `refused` classifies (and lets the caller remember) a P2P
+/// segment the kernel refused with an errno.
 pub(crate) fn execute(
-    driver: &Driver,
     file: &FileHandle,
     buf: &GpuBuffer,
     req: &Request,
     plan: Plan,
+    refused: &dyn Fn(i32) -> Refusal,
 ) -> Result<IoReport> {
     let mut report = IoReport {
         write: req.write,
@@ -69,7 +71,7 @@ pub(crate) fn execute(
                     Ok(eof) => eof,
                     Err(err) if err.raw_os_error().is_some_and(is_p2p_refusal) => {
                         let errno = err.raw_os_error().unwrap_or(libc::EINVAL);
-                        let r = driver.refused(file, buf, errno);
+                        let r = refused(errno);
                         report.p2p_errno = errno;
                         let rest = Segment {
                             file_offset: seg.file_offset + done,

@@ -16,6 +16,7 @@
 //!
 //! The decision is [`plan::plan`], a pure function; [`exec`] runs it.
 
+pub mod buffer;
 pub mod crc32c;
 pub mod driver;
 pub mod error;

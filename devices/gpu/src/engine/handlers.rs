@@ -31,11 +31,11 @@ impl Engine {
             }
             let buf = &mut self.step_buf[..n];
             if let Err(fault) = self.device.memory.read(cmd.src + off, buf) {
-                p2plab_vfio_user::log_limited!(warn, error = %fault, "COPY_TO_VRAM: guest read failed");
+                p2plab_ratelimit::log_limited!(warn, error = %fault, "COPY_TO_VRAM: guest read failed");
                 return Outcome::failed(data_fault_status(&fault));
             }
             if let Err(e) = self.device.vram.write(cmd.dst + off, buf) {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "COPY_TO_VRAM: VRAM write failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "COPY_TO_VRAM: VRAM write failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             Stats::add(&self.device.stats.bytes_host_to_vram, n as u64);
@@ -50,11 +50,11 @@ impl Engine {
             }
             let buf = &mut self.step_buf[..n];
             if let Err(e) = self.device.vram.read(cmd.src + off, buf) {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "COPY_FROM_VRAM: VRAM read failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "COPY_FROM_VRAM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             if let Err(fault) = self.device.memory.write(cmd.dst + off, buf) {
-                p2plab_vfio_user::log_limited!(warn, error = %fault, "COPY_FROM_VRAM: guest write failed");
+                p2plab_ratelimit::log_limited!(warn, error = %fault, "COPY_FROM_VRAM: guest write failed");
                 return Outcome::failed(data_fault_status(&fault));
             }
             Stats::add(&self.device.stats.bytes_vram_to_host, n as u64);
@@ -81,7 +81,7 @@ impl Engine {
                 .read(cmd.src + off, buf)
                 .and_then(|()| vram.write(cmd.dst + off, buf))
             {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "COPY_VRAM failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "COPY_VRAM failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             Stats::add(&self.device.stats.bytes_vram_to_vram, n as u64);
@@ -93,7 +93,7 @@ impl Engine {
         if cmd.pattern == 0 {
             // Zero fill gives the pages back instead of writing zeros.
             if let Err(e) = self.device.vram.zero(cmd.dst, cmd.len) {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "FILL: hole punch failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "FILL: hole punch failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             Stats::add(&self.device.stats.bytes_filled, cmd.len);
@@ -117,7 +117,7 @@ impl Engine {
                 .vram
                 .write(cmd.dst + off, &self.pattern_buf[..n])
             {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "FILL: VRAM write failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "FILL: VRAM write failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             Stats::add(&self.device.stats.bytes_filled, n as u64);
@@ -133,7 +133,7 @@ impl Engine {
             }
             let buf = &mut self.step_buf[..n];
             if let Err(e) = self.device.vram.read(cmd.src + off, buf) {
-                p2plab_vfio_user::log_limited!(warn, error = %e, "CHECKSUM: VRAM read failed");
+                p2plab_ratelimit::log_limited!(warn, error = %e, "CHECKSUM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
             crc.update(buf);

@@ -320,7 +320,7 @@ impl Engine {
         let mut raw = [0u8; Command::SIZE];
         match (taken.ring, taken.bus_master) {
             (RingMemory::Vram, _) => self.device.vram.read(taken.addr, &mut raw).map_err(|e| {
-                p2plab_vfio_user::log_limited!(warn, addr = taken.addr, error = %e, "ring fetch from VRAM failed");
+                p2plab_ratelimit::log_limited!(warn, addr = taken.addr, error = %e, "ring fetch from VRAM failed");
                 StatusCode::RingFetch
             })?,
             (RingMemory::Guest, BusMaster::Disabled) => return Err(StatusCode::NoBusMaster),
@@ -329,7 +329,7 @@ impl Engine {
                 .memory
                 .read(taken.addr, &mut raw)
                 .map_err(|fault| {
-                    p2plab_vfio_user::log_limited!(warn, error = %fault, "ring fetch from guest memory failed");
+                    p2plab_ratelimit::log_limited!(warn, error = %fault, "ring fetch from guest memory failed");
                     fetch_fault_status(&fault)
                 })?,
         }
@@ -390,7 +390,7 @@ impl Engine {
         match self.device.memory.write(cmd.completion_addr, &record) {
             Ok(()) => RecordWrite::Written,
             Err(fault) => {
-                p2plab_vfio_user::log_limited!(warn, error = %fault, "completion record write failed");
+                p2plab_ratelimit::log_limited!(warn, error = %fault, "completion record write failed");
                 RecordWrite::Failed
             }
         }
@@ -428,7 +428,7 @@ impl Engine {
             Stats::add(&stats.jobs_failed, 1);
             regs.engine_error = status;
             causes |= IntCauses::ERROR;
-            p2plab_vfio_user::log_limited!(
+            p2plab_ratelimit::log_limited!(
                 warn,
                 op,
                 opcode = cmd.opcode,

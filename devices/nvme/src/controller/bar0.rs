@@ -72,7 +72,7 @@ impl NvmeController {
             .register_writes
             .fetch_add(1, Ordering::Relaxed);
         if !offset.is_multiple_of(4) || (data.len() != 4 && data.len() != 8) {
-            p2plab_vfio_user::log_limited!(
+            p2plab_ratelimit::log_limited!(
                 warn,
                 offset = format_args!("{offset:#x}"),
                 len = data.len(),
@@ -239,7 +239,7 @@ fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
     if regs.cmbmsc.cre() && regs.cmbmsc.cmse() {
         let cba = regs.cmbmsc.cba();
         if cba.checked_add(state.cfg.cmb_size).is_none() {
-            p2plab_vfio_user::log_limited!(
+            p2plab_ratelimit::log_limited!(
                 warn,
                 cba = format_args!("{cba:#x}"),
                 "CMB base address invalid"
@@ -248,7 +248,7 @@ fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
         } else {
             regs.cba = Some(cba);
             if regs.cmb_bar.is_some_and(|bar| bar != cba) {
-                p2plab_vfio_user::log_limited!(warn,
+                p2plab_ratelimit::log_limited!(warn,
                     cba = format_args!("{cba:#x}"),
                     bar = ?regs.cmb_bar,
                     "CMBMSC.CBA is not where the CMB BAR is"
@@ -272,7 +272,7 @@ fn latch_pmr(state: &ControllerState, regs: &mut Regs) {
     if regs.pmrmsc.cmse() {
         let cba = regs.pmrmsc.cba();
         if cba.checked_add(state.cfg.pmr_size).is_none() {
-            p2plab_vfio_user::log_limited!(
+            p2plab_ratelimit::log_limited!(
                 warn,
                 cba = format_args!("{cba:#x}"),
                 "PMR base address invalid"

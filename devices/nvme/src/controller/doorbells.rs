@@ -101,7 +101,7 @@ impl NvmeController {
             .stats
             .invalid_doorbell_writes
             .fetch_add(1, Ordering::Relaxed);
-        p2plab_vfio_user::log_limited!(
+        p2plab_ratelimit::log_limited!(
             warn,
             qid,
             kind = match kind {

@@ -203,27 +203,9 @@ impl Perms {
     };
 }
 
-/// What a zero-copy access intends to do with the memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Only reads: needs read permission.
-    Read,
-    /// Only writes: needs write permission.
-    Write,
-    /// Both (e.g. an in-place update): needs both permissions.
-    ReadWrite,
-}
-
-impl Access {
-    /// Whether the access reads memory (needs read permission).
-    pub fn reads(self) -> bool {
-        matches!(self, Access::Read | Access::ReadWrite)
-    }
-    /// Whether the access writes memory (needs write permission).
-    pub fn writes(self) -> bool {
-        matches!(self, Access::Write | Access::ReadWrite)
-    }
-}
+/// What a zero-copy access intends to do with the memory (defined with
+/// the device-side memory traits in p2plab-dma).
+pub use p2plab_dma::Access;
 
 /// Identifies a local window for moving or removing it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

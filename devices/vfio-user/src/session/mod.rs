@@ -446,7 +446,7 @@ impl<'a> Session<'a> {
             if client_max >= 1 {
                 fds.push(fd);
             } else {
-                crate::log_limited!(warn, "client accepts no fds; region fd not sent");
+                p2plab_ratelimit::log_limited!(warn, "client accepts no fds; region fd not sent");
             }
         }
         self.link
@@ -512,7 +512,7 @@ impl<'a> Session<'a> {
             }
             Err(refusal) => {
                 if header.no_reply() {
-                    crate::log_limited!(
+                    p2plab_ratelimit::log_limited!(
                         warn,
                         id = header.msg_id,
                         cmd = command_name(header.command),

@@ -8,10 +8,15 @@
 //!
 //! ```
 //! # let (id, errno) = (1, 22);
-//! p2plab_vfio_user::log_limited!(warn, id, errno, "posted request failed");
+//! p2plab_ratelimit::log_limited!(warn, id, errno, "posted request failed");
 //! ```
 //!
 //! [`log_limited!`]: crate::log_limited
+//!
+//! It sits at the bottom of the crate graph, beside p2plab-dma, so the
+//! transport and the device models use it without depending on each other.
+
+#![deny(missing_docs)]
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -93,10 +98,10 @@ impl RateLimit {
 #[macro_export]
 macro_rules! log_limited {
     ($level:ident, $($rest:tt)+) => {{
-        static LIMIT: $crate::ratelimit::RateLimit = $crate::ratelimit::RateLimit::per_callsite();
+        static LIMIT: $crate::RateLimit = $crate::RateLimit::per_callsite();
         match LIMIT.allow() {
-            Some(0) => $crate::ratelimit::__tracing::$level!($($rest)+),
-            Some(suppressed) => $crate::ratelimit::__tracing::$level!(suppressed, $($rest)+),
+            Some(0) => $crate::__tracing::$level!($($rest)+),
+            Some(suppressed) => $crate::__tracing::$level!(suppressed, $($rest)+),
             None => {}
         }
     }};

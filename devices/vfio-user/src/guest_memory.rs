@@ -1,11 +1,13 @@
-//! The vfio-user transport as a model's memory: its DMA address space is
-//! guest memory, its shared memory (a memfd QEMU maps) is region memory.
+//! The transport as a device model's memory: its DMA address space is
+//! p2plab-dma's guest memory, its shared memory (a memfd QEMU maps) is
+//! region memory. The traits live below the transport, in p2plab-dma, so
+//! models depend on them without depending on vfio-user.
 
 use std::sync::Arc;
 
-use p2plab_vfio_user::{DmaError, DmaSpace, DmaTarget, SharedMemory};
+use p2plab_dma::{BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
 
-use crate::{BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
+use crate::{DmaError, DmaSpace, DmaTarget, SharedMemory};
 
 /// The fault kind a transport error amounts to, as the device sees it.
 /// Every variant is listed, so a new one must be placed here.
@@ -56,8 +58,8 @@ impl GuestMemory for DmaSpace {
     fn with_direct(
         &self,
         segments: &[(u64, usize)],
-        access: crate::Access,
-        f: &mut dyn FnMut(&[crate::VolatileSlice<'_>]) -> std::io::Result<()>,
+        access: p2plab_dma::Access,
+        f: &mut dyn FnMut(&[p2plab_dma::VolatileSlice<'_>]) -> std::io::Result<()>,
     ) -> Result<Option<std::io::Result<()>>, DmaFault> {
         DmaSpace::with_slices(self, segments, access, |slices| f(slices)).map_err(|e| {
             let (addr, len) = segments.first().copied().unwrap_or_default();
@@ -103,21 +105,21 @@ impl RegionMemory for SharedRegion {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        crate::region::checked_range(offset, buf.len(), self.size)?;
+        p2plab_dma::checked_range(offset, buf.len(), self.size)?;
         self.memory
             .read_at(offset, buf)
             .map_err(|e| fault(offset, buf.len(), e))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), DmaFault> {
-        crate::region::checked_range(offset, data.len(), self.size)?;
+        p2plab_dma::checked_range(offset, data.len(), self.size)?;
         self.memory
             .write_at(offset, data)
             .map_err(|e| fault(offset, data.len(), e))
     }
 
-    fn direct_slice(&self, offset: u64, len: usize) -> Option<crate::VolatileSlice<'_>> {
-        let range = crate::region::checked_range(offset, len, self.size).ok()?;
+    fn direct_slice(&self, offset: u64, len: usize) -> Option<p2plab_dma::VolatileSlice<'_>> {
+        let range = p2plab_dma::checked_range(offset, len, self.size).ok()?;
         self.memory
             .as_volatile_slice()
             .subslice(range.start, len)
