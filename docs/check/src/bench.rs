@@ -168,7 +168,11 @@ fn comparison(out: &mut String, header: [&str; 4], rows: &[Value], left: &str, r
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(out, "\n| {} | {} | {} | {} |", header[0], header[1], header[2], header[3]);
+    let _ = writeln!(
+        out,
+        "\n| {} | {} | {} | {} |",
+        header[0], header[1], header[2], header[3]
+    );
     out.push_str("|---|--:|--:|--:|\n");
     for row in rows {
         let figure = row.get("figure").and_then(Value::as_str).unwrap_or("?");
@@ -210,7 +214,10 @@ pub fn render(results: &Value) -> Result<String> {
         load.join(" ")
     );
     if !compared.is_empty() || !p2p.is_empty() {
-        let runtime = results.get("runtime_s").and_then(Value::as_u64).unwrap_or(0);
+        let runtime = results
+            .get("runtime_s")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         let caching = str_at(results, &["caching"])?;
         let _ = write!(out, " fio jobs of {runtime} s, `--caching {caching}`");
         if !compared.is_empty() {
@@ -247,14 +254,24 @@ pub fn render(results: &Value) -> Result<String> {
     );
     comparison(
         &mut out,
-        ["P2P workload (p2plab, same boot)", "GPU p2pmem", "guest RAM", "ratio"],
+        [
+            "P2P workload (p2plab, same boot)",
+            "GPU p2pmem",
+            "guest RAM",
+            "ratio",
+        ],
         p2p,
         "p2p",
         "ram",
     );
     comparison(
         &mut out,
-        ["RDMA workload (same boot)", "GPU memory", "guest RAM", "ratio"],
+        [
+            "RDMA workload (same boot)",
+            "GPU memory",
+            "guest RAM",
+            "ratio",
+        ],
         rdma_rows,
         "gpu",
         "ram",
@@ -332,8 +349,8 @@ pub fn regenerate(page: &str, read_json: impl Fn(&str) -> Result<String>) -> Res
     let mut from = 0;
     for region in regions(page)? {
         let text = read_json(&region.json)?;
-        let results: Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", region.json))?;
+        let results: Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", region.json))?;
         let body = render(&results).with_context(|| format!("rendering {}", region.json))?;
         out.push_str(&page[from..region.body.start]);
         out.push_str(&body);
@@ -370,21 +387,33 @@ mod tests {
     fn renders_the_cells_as_the_bench_prints_them() {
         let text = render(&results()).unwrap();
         assert!(text.contains("Run of 2026-11-23 23:05:43 UTC on AMD EPYC (2 CPUs, host kernel 6.18), load average 1.39 1.73 1.70 at the end; 3 rounds"), "{text}");
-        assert!(text.contains("| 4k IOPS | 37127 (35331–38057) | 20162 (19632–20501) | 1.81 (1.75–1.94) |"), "{text}");
-        assert!(text.contains("| qemu | 1037 (1023–1037) | 1009 (1008–1018) | 1.03 (1.01–1.03) |"), "{text}");
+        assert!(
+            text.contains(
+                "| 4k IOPS | 37127 (35331–38057) | 20162 (19632–20501) | 1.81 (1.75–1.94) |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("| qemu | 1037 (1023–1037) | 1009 (1008–1018) | 1.03 (1.01–1.03) |"),
+            "{text}"
+        );
         assert!(!text.contains("P2P workload"), "empty parts have no table");
     }
 
     #[test]
     fn regions_are_replaced_and_nothing_else() {
-        let page = "# B\n\nbefore\n<!-- bench-table x.json -->\nold\n<!-- end bench-table -->\nafter\n";
+        let page =
+            "# B\n\nbefore\n<!-- bench-table x.json -->\nold\n<!-- end bench-table -->\nafter\n";
         let out = regenerate(page, |path| {
             assert_eq!(path, "x.json");
             Ok(results().to_string())
         })
         .unwrap();
         assert!(out.starts_with("# B\n\nbefore\n<!-- bench-table x.json -->\n\nRun of"));
-        assert!(out.ends_with("|\n\n<!-- end bench-table -->\nafter\n"), "{out}");
+        assert!(
+            out.ends_with("|\n\n<!-- end bench-table -->\nafter\n"),
+            "{out}"
+        );
         assert!(!out.contains("old"));
         // Regenerating the output changes nothing.
         let again = regenerate(&out, |_| Ok(results().to_string())).unwrap();

@@ -5,9 +5,9 @@
 //!   `docs/development/writing-docs.md`);
 //! - [`bench`]: the benchmark tables are generated from
 //!   `guest-tests/bench/*.json`, never edited by hand;
-//! - [`markdown`]: the small Markdown reader both use, and the tests in
-//!   `tests/` that compare each device's reference page with the device
-//!   crate's own tables.
+//! - [`reference`]: what the tests in `tests/` use to compare each
+//!   device's reference page with the device crate's own tables;
+//! - [`markdown`]: the small Markdown reader all of them use.
 //!
 //! `cargo test -p p2plab-docs` runs every check (`scripts/test` runs it
 //! with the workspace); `cargo run -p p2plab-docs -- bench-tables`
@@ -15,6 +15,7 @@
 
 pub mod bench;
 pub mod markdown;
+pub mod reference;
 pub mod repo;
 
 use std::path::{Path, PathBuf};
@@ -26,7 +27,9 @@ use anyhow::{Context, Result};
 pub fn pages(root: &Path) -> Result<Vec<PathBuf>> {
     fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         let dir = root.join(rel);
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
             let entry = entry?;
             let rel = rel.join(entry.file_name());
             if entry.file_type()?.is_dir() {

@@ -109,7 +109,10 @@ pub struct Paragraph {
 impl Paragraph {
     /// The line number of byte `offset` of [`Self::text`].
     pub fn line_at(&self, offset: usize) -> usize {
-        self.first_line + self.text[..offset.min(self.text.len())].matches('\n').count()
+        self.first_line
+            + self.text[..offset.min(self.text.len())]
+                .matches('\n')
+                .count()
     }
 }
 
@@ -187,7 +190,8 @@ pub fn code_spans(paragraph: &str) -> Vec<CodeSpan> {
                 match close {
                     Some(j) => {
                         let raw = paragraph[start..j].replace('\n', " ");
-                        let content = match raw.strip_prefix(' ').and_then(|r| r.strip_suffix(' ')) {
+                        let content = match raw.strip_prefix(' ').and_then(|r| r.strip_suffix(' '))
+                        {
                             Some(inner) if !inner.trim().is_empty() => inner.to_string(),
                             _ => raw,
                         };
@@ -490,8 +494,10 @@ mod tests {
     #[test]
     fn links_outside_code_only() {
         let text = "see [a](b.md#c) and `[x](y)`\n[i](<d e.md>) ![p](q.svg \"t\")\n\n```\n[n](m)\n```\n[ref]: r/s.md\n";
-        let targets: Vec<(usize, String)> =
-            links(text).into_iter().map(|l| (l.line, l.target)).collect();
+        let targets: Vec<(usize, String)> = links(text)
+            .into_iter()
+            .map(|l| (l.line, l.target))
+            .collect();
         assert_eq!(
             targets,
             [

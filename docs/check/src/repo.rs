@@ -53,9 +53,7 @@ impl Repo {
             .filter(|l| !l.contains('/'))
             .collect();
         let mut top_level = BTreeSet::new();
-        for entry in
-            fs::read_dir(root).with_context(|| format!("reading {}", root.display()))?
-        {
+        for entry in fs::read_dir(root).with_context(|| format!("reading {}", root.display()))? {
             let name = entry?.file_name().to_string_lossy().into_owned();
             if !name.starts_with('.') && !ignored.contains(&name) {
                 top_level.insert(name);
@@ -101,9 +99,9 @@ impl Repo {
                 }
                 let found = fs::read_dir(&at)
                     .map(|entries| {
-                        entries.flatten().any(|e| {
-                            glob_matches(part, &e.file_name().to_string_lossy())
-                        })
+                        entries
+                            .flatten()
+                            .any(|e| glob_matches(part, &e.file_name().to_string_lossy()))
                     })
                     .unwrap_or(false);
                 return if found {
@@ -114,10 +112,7 @@ impl Repo {
             }
             at.push(part);
             if fs::symlink_metadata(&at).is_err() {
-                return Err(format!(
-                    "{} does not exist",
-                    parts[..=i].join("/")
-                ));
+                return Err(format!("{} does not exist", parts[..=i].join("/")));
             }
         }
         Ok(())
@@ -166,8 +161,19 @@ impl Repo {
         let mut report = |line: usize, message: String| {
             problems.push(format!("{}:{line}: {message}", page.display()));
         };
+        let own_anchors = markdown::anchors(text);
         for link in markdown::links(text) {
-            if let Err(e) = self.check_link(page, &link.target) {
+            // `#anchor` alone: a heading of this text, which need not be
+            // on disk yet.
+            let result = match link.target.strip_prefix('#') {
+                Some(anchor) if !own_anchors.contains(anchor) => Err(format!(
+                    "{}: this page has no heading with that anchor",
+                    link.target
+                )),
+                Some(_) => Ok(()),
+                None => self.check_link(page, &link.target),
+            };
+            if let Err(e) = result {
                 report(link.line, format!("link {e}"));
             }
         }

@@ -18,8 +18,8 @@ fn run(args: &[String]) -> Result<bool> {
     let mut same = true;
     for page in pages(root)? {
         let path = root.join(&page);
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         let new = bench::regenerate(&text, |json| {
             std::fs::read_to_string(root.join(json)).with_context(|| format!("reading {json}"))
         })
@@ -27,9 +27,13 @@ fn run(args: &[String]) -> Result<bool> {
         if new != text {
             same = false;
             if check {
-                println!("{}: benchmark tables differ from their JSON", page.display());
+                println!(
+                    "{}: benchmark tables differ from their JSON",
+                    page.display()
+                );
             } else {
-                std::fs::write(&path, new).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, new)
+                    .with_context(|| format!("writing {}", path.display()))?;
                 println!("{}: benchmark tables rewritten", page.display());
             }
         }
