@@ -363,6 +363,9 @@ pub fn regenerate(page: &str, read_json: impl Fn(&str) -> Result<String>) -> Res
 
 #[cfg(test)]
 mod tests {
+    // Catches: cells rounded or spread differently from `scripts/bench`'s
+    // table, a regeneration that touches text outside its markers or is not
+    // stable, and malformed markers or dates taken silently.
     use super::*;
 
     fn results() -> Value {

@@ -150,6 +150,8 @@ pub fn json_keys(value: &Value) -> BTreeSet<String> {
 
 #[cfg(test)]
 mod tests {
+    // Catches: a table read from the wrong heading or column, a difference
+    // reported one way only, and nested stats keys flattened wrongly.
     use super::*;
 
     #[test]

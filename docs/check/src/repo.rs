@@ -260,6 +260,8 @@ fn glob_matches(pattern: &str, name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    // Catches: a URL taken for a path, a path that climbs out of the
+    // repository passing, and globs that match too much or too little.
     use super::*;
 
     #[test]
