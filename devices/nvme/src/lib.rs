@@ -21,7 +21,7 @@
 //! # Module dependencies
 //!
 //! No module imports one that (directly or not) imports it back; the test
-//! `devices/layering/tests/workspace.rs` checks it. From the bottom up, each layer
+//! `docs/check/tests/layering.rs` checks it. From the bottom up, each layer
 //! depends only on layers below it:
 //!
 //! 1. [`spec`], [`registers`], [`config`], [`stats`], [`interrupts`]:
@@ -84,6 +84,17 @@ pub use namespace::{
 pub use spec::Status;
 pub use state::{FaultReport, HeldReport};
 pub use stats::{Stats, StatsSnapshot};
+
+/// `(opcode, name)` of every admin command the admin command table has,
+/// for tools and documentation checks (`docs/reference/nvme.md`).
+pub fn admin_commands() -> Vec<(u8, &'static str)> {
+    admin::ADMIN_COMMANDS.list()
+}
+
+/// `(opcode, name)` of every NVM I/O command the I/O command table has.
+pub fn io_commands() -> Vec<(u8, &'static str)> {
+    io::IO_COMMANDS.list()
+}
 
 /// Fault injection specs (the `p2plab-fault` crate).
 pub use p2plab_fault as fault;

@@ -86,6 +86,11 @@ impl CommandTable {
         }
     }
 
+    /// `(opcode, name)` of every row, in table order.
+    pub fn list(&self) -> Vec<(u8, &'static str)> {
+        self.rows.iter().map(|row| (row.opcode, row.name)).collect()
+    }
+
     /// The name of `opcode` for logs.
     pub fn name(&self, opcode: u8) -> &'static str {
         self.find(opcode).map_or(self.unsupported, |row| row.name)

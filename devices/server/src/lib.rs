@@ -38,7 +38,7 @@
 //! ## Layering
 //!
 //! Modules import each other in one direction only (checked by
-//! `devices/layering/tests/workspace.rs`); each line lists what a module uses:
+//! `docs/check/tests/layering.rs`); each line lists what a module uses:
 //!
 //! ```text
 //! process     -> args, counters, logging, signals, stats_file   (the main skeleton)

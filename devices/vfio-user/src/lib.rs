@@ -26,7 +26,7 @@
 //! ## Layering
 //!
 //! Modules import each other in one direction only (checked by
-//! `devices/layering/tests/workspace.rs`); each line lists what a module uses,
+//! `docs/check/tests/layering.rs`); each line lists what a module uses,
 //! top to bottom:
 //!
 //! ```text

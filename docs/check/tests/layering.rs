@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use p2plab_layering::{
+use p2plab_docs::layering::{
     check_crate_layers, layers_of, main_declares_modules, module_graph, parse_layers, CrateRoot,
     Dependency,
 };

@@ -13,12 +13,9 @@
 //!   Test code is left out: a file named `tests.rs` or under a `tests/`
 //!   folder, and everything after a column-0 `#[cfg(test)]`.
 //!
-//! The tests in `tests/workspace.rs` run these checks on the real
-//! workspace (through `cargo metadata`); this crate's unit tests run them
-//! on small made-up inputs, so a parser that silently sees nothing fails
-//! there.
-
-#![deny(missing_docs)]
+//! `tests/layering.rs` runs these checks on the real workspace (through
+//! `cargo metadata`); the unit tests here run them on small made-up
+//! inputs, so a parser that silently sees nothing fails there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

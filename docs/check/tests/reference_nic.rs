@@ -1,0 +1,218 @@
+//! `docs/reference/nic.md` against p2plab-nic's own definitions: the
+//! register map (`regs::REGISTERS`), the register bits and descriptor
+//! offsets (`regs::*`), the descriptor status and ring error codes, the
+//! keys of stats.json and the control verbs.
+//!
+//! Catches: a register, status, ring error or counter added, removed,
+//! renamed or moved in the code but not on the page (or the reverse); a
+//! bit or descriptor field the page places elsewhere than the code; a
+//! verb the server does not parse.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use p2plab_docs::reference::{differences, number, Page};
+use p2plab_nic::descriptor::{RingError, Status};
+use p2plab_nic::regs::*;
+use p2plab_nic::stats::Stats;
+
+const PAGE: &str = "reference/nic.md";
+
+fn page() -> Page {
+    Page::read(PAGE).unwrap()
+}
+
+fn set<T: Ord>(items: impl IntoIterator<Item = T>) -> BTreeSet<T> {
+    items.into_iter().collect()
+}
+
+fn code_registers() -> BTreeSet<(u64, String, u64)> {
+    set(REGISTERS
+        .iter()
+        .map(|&(name, offset, wide)| (offset, name.to_string(), if wide { 64 } else { 32 })))
+}
+
+fn page_registers(page: &Page) -> BTreeSet<(u64, String, u64)> {
+    set(page
+        .rows("Registers", &["offset", "name", "width"])
+        .unwrap()
+        .into_iter()
+        .map(|r| (number(&r[0]).unwrap(), r[1].clone(), number(&r[2]).unwrap())))
+}
+
+#[test]
+fn registers_match_the_register_map() {
+    common::assert_none(differences(
+        PAGE,
+        "register",
+        &page_registers(&page()),
+        &code_registers(),
+    ));
+}
+
+/// The single-bit constants, as the C header names them (the same list
+/// `devices/nic/tests/guest_header.rs` checks against the header).
+fn code_bits() -> BTreeSet<(u64, String)> {
+    set([
+        ("NIC_STATUS_READY", STATUS_READY),
+        ("NIC_STATUS_LINK_UP", STATUS_LINK_UP),
+        ("NIC_STATUS_TX_ENABLED", STATUS_TX_ENABLED),
+        ("NIC_STATUS_RX_ENABLED", STATUS_RX_ENABLED),
+        ("NIC_STATUS_BUS_MASTER", STATUS_BUS_MASTER),
+        ("NIC_STATUS_HALTED", STATUS_HALTED),
+        ("NIC_STATUS_TX_BUSY", STATUS_TX_BUSY),
+        ("NIC_STATUS_RX_BUSY", STATUS_RX_BUSY),
+        ("NIC_CTRL_TX_ENABLE", CTRL_TX_ENABLE),
+        ("NIC_CTRL_RX_ENABLE", CTRL_RX_ENABLE),
+        ("NIC_INT_TX", INT_TX),
+        ("NIC_INT_RX", INT_RX),
+        ("NIC_INT_ERROR", INT_ERROR),
+    ]
+    .into_iter()
+    .map(|(name, bit)| {
+        assert_eq!(bit.count_ones(), 1, "{name}");
+        (u64::from(bit.trailing_zeros()), name.to_string())
+    }))
+}
+
+fn page_bits(page: &Page) -> BTreeSet<(u64, String)> {
+    set(page
+        .rows("Bits", &["bit", "name"])
+        .unwrap()
+        .into_iter()
+        .map(|r| (number(&r[0]).unwrap(), r[1].clone())))
+}
+
+#[test]
+fn bits_match_the_constants() {
+    common::assert_none(differences(PAGE, "bit", &page_bits(&page()), &code_bits()));
+}
+
+#[test]
+fn descriptor_layout_matches_the_offsets() {
+    let page = page();
+    let rows = page
+        .rows("Descriptors", &["offset", "size", "field"])
+        .unwrap();
+    let documented = set(rows
+        .iter()
+        .filter(|r| r[2] != "reserved")
+        .map(|r| (number(&r[0]).unwrap(), r[2].clone())));
+    let code = set([
+        (DESC_ADDR, "addr"),
+        (DESC_LEN, "len"),
+        (DESC_FLAGS, "flags"),
+        (DESC_STATUS, "status"),
+        (DESC_COOKIE, "cookie"),
+        (DESC_DONE_LEN, "done_len"),
+    ]
+    .map(|(at, name)| (at, name.to_string())));
+    common::assert_none(differences(PAGE, "descriptor field", &documented, &code));
+    // The fields tile the descriptor exactly.
+    let mut end = 0;
+    for r in &rows {
+        assert_eq!(
+            number(&r[0]).unwrap(),
+            end,
+            "{r:?} does not start where the last ended"
+        );
+        end += number(&r[1]).unwrap();
+    }
+    assert_eq!(end, DESC_SIZE);
+}
+
+#[test]
+fn status_and_ring_error_codes_match() {
+    let page = page();
+    let codes = |heading: &str| {
+        set(page
+            .rows(heading, &["code", "name"])
+            .unwrap()
+            .into_iter()
+            .map(|r| (number(&r[0]).unwrap(), r[1].clone())))
+    };
+    let status = set(Status::ALL
+        .iter()
+        .map(|s| (u64::from(s.code()), s.name().to_string())));
+    let errors = set(RingError::ALL
+        .iter()
+        .map(|e| (u64::from(e.code()), e.name().to_string())));
+    let mut problems = differences(
+        PAGE,
+        "descriptor status",
+        &codes("Descriptor status"),
+        &status,
+    );
+    problems.extend(differences(
+        PAGE,
+        "ring error",
+        &codes("Ring errors"),
+        &errors,
+    ));
+    common::assert_none(problems);
+}
+
+fn code_stats_keys() -> BTreeSet<String> {
+    let json: serde_json::Value =
+        serde_json::from_str(&Stats::default().snapshot().to_json_with(&[])).unwrap();
+    json.as_object().unwrap().keys().cloned().collect()
+}
+
+#[test]
+fn stats_keys_match_the_snapshot() {
+    let page = page();
+    let documented = set(page
+        .rows("stats.json", &["key"])
+        .unwrap()
+        .into_iter()
+        .map(|r| r[0].clone()));
+    let code = code_stats_keys();
+    assert!(code.len() > 15, "{code:?}");
+    common::assert_none(differences(PAGE, "stats key", &documented, &code));
+    common::assert_none(common::dma_key_problems(
+        &page,
+        "Added by the server binary",
+    ));
+}
+
+#[test]
+fn control_verbs_match_the_control_requests() {
+    common::assert_none(common::control_verb_problems(&page(), "Control verbs"));
+}
+
+/// Each kind of drift, made on purpose in a copy of the page, is caught.
+#[test]
+fn the_checks_catch_drift_on_the_page() {
+    let text = page().text;
+    let edited = |from: &str, to: &str| {
+        assert!(text.contains(from), "{from:?} not on the page");
+        Page::parse(PAGE, text.replacen(from, to, 1))
+    };
+    let moved = edited(
+        "| `0x050` | `RX_DOORBELL` | 32 |",
+        "| `0x058` | `RX_DOORBELL` | 32 |",
+    );
+    assert_eq!(
+        differences(PAGE, "r", &page_registers(&moved), &code_registers()).len(),
+        2
+    );
+    let bit = edited(
+        "| 6 | `NIC_STATUS_TX_BUSY` |",
+        "| 8 | `NIC_STATUS_TX_BUSY` |",
+    );
+    assert_eq!(
+        differences(PAGE, "b", &page_bits(&bit), &code_bits()).len(),
+        2
+    );
+    let gone = edited(
+        "| `rx_truncated` | frames longer than the RX buffer they landed in |\n",
+        "",
+    );
+    let keys = set(gone
+        .rows("stats.json", &["key"])
+        .unwrap()
+        .into_iter()
+        .map(|r| r[0].clone()));
+    assert_eq!(differences(PAGE, "k", &keys, &code_stats_keys()).len(), 1);
+}
