@@ -53,6 +53,8 @@ struct p2plab_pci_ident {
  * Enables @pdev, claims its memory BARs, maps the register BAR, checks that
  * the device is the one @ident describes, and turns on 64-bit DMA and bus
  * mastering. Returns the registers, or an ERR_PTR with everything undone.
+ * @ident comes from the matching pci_device_id's driver_data: NULL when
+ * the device was bound through driver_override or a new_id without it.
  */
 static inline void __iomem *p2plab_pci_map(struct pci_dev *pdev,
 					   const struct p2plab_pci_ident *ident)
@@ -61,6 +63,10 @@ static inline void __iomem *p2plab_pci_map(struct pci_dev *pdev,
 	u32 magic, version;
 	int ret;
 
+	if (!ident) {
+		dev_err(&pdev->dev, "not a device of this driver's ID table\n");
+		return ERR_PTR(-ENODEV);
+	}
 	ret = pci_enable_device_mem(pdev);
 	if (ret)
 		return ERR_PTR(ret);
