@@ -52,6 +52,7 @@
 #include "p2plab_gpu_hw.h"
 #include "p2plab_gpu_uapi.h"
 #include "p2plab_p2p.h"
+#include "p2plab_pci.h"
 
 #define DRV_NAME		"p2plab_gpu"
 #define P2PLAB_GPU_MINORS	64
@@ -64,10 +65,6 @@
  */
 #define FENCE_POLL_MS		200
 
-#ifndef PCI_IRQ_INTX
-#define PCI_IRQ_INTX PCI_IRQ_LEGACY
-#endif
-
 static unsigned int ring_entries = 256;
 module_param(ring_entries, uint, 0444);
 MODULE_PARM_DESC(ring_entries, "Command ring entries per device, a power of two in 2..65536 (default 256)");
@@ -76,11 +73,7 @@ static unsigned long p2pmem_max_mb;
 module_param(p2pmem_max_mb, ulong, 0444);
 MODULE_PARM_DESC(p2pmem_max_mb, "Publish at most this many MiB of VRAM as p2pmem (0 = the whole BAR, default)");
 
-static dev_t p2plab_gpu_devt;
-static DEFINE_IDA(p2plab_gpu_ida);
-static const struct class p2plab_gpu_class = {
-	.name = "p2plab-gpu",
-};
+static P2PLAB_CHRDEVS(p2plab_gpu_chrdevs, "p2plab-gpu", P2PLAB_GPU_MINORS);
 
 /* The DMA memory one device command uses; freed only once it retired. */
 struct gpu_job_ctx {
@@ -97,7 +90,6 @@ struct p2plab_gpu {
 	struct device dev;		/* the char device; owns this struct */
 	struct cdev cdev;
 	struct pci_dev *pdev;
-	int id;
 
 	/*
 	 * Readers use the hardware (MMIO, ring, DMA memory); remove takes it
@@ -255,11 +247,10 @@ static void fence_advance(struct p2plab_gpu *gpu, u64 fence)
 static irqreturn_t p2plab_gpu_irq(int irq, void *data)
 {
 	struct p2plab_gpu *gpu = data;
-	u32 cause = readl(gpu->regs + REG_INT_STATUS);
+	u32 cause = p2plab_pci_irq_ack(gpu->regs, REG_INT_STATUS);
 
-	if (!cause || cause == ~0u)
+	if (!cause)
 		return IRQ_NONE;
-	writel(cause, gpu->regs + REG_INT_STATUS);
 	fence_advance(gpu, readq(gpu->regs + REG_FENCE));
 	if (cause & INT_ERROR) {
 		u32 status = readl(gpu->regs + REG_STATUS);
@@ -1498,7 +1489,7 @@ static void p2plab_gpu_release_dev(struct device *dev)
 {
 	struct p2plab_gpu *gpu = container_of(dev, struct p2plab_gpu, dev);
 
-	ida_free(&p2plab_gpu_ida, gpu->id);
+	p2plab_chrdevs_put_minor(&p2plab_gpu_chrdevs, dev);
 	pci_dev_put(gpu->pdev);
 	kfree(gpu);
 }
@@ -1566,36 +1557,18 @@ static void publish_p2pmem(struct p2plab_gpu *gpu)
 static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct p2plab_gpu *gpu;
-	u32 magic, version;
+	void __iomem *regs;
 	int ret;
 
-	if (!is_power_of_2(ring_entries) || ring_entries < MIN_RING_ENTRIES ||
-	    ring_entries > MAX_RING_ENTRIES) {
-		dev_err(&pdev->dev, "ring_entries=%u is not a power of two in 2..65536\n",
-			ring_entries);
+	if (!p2plab_ring_entries_ok(pdev, ring_entries, MIN_RING_ENTRIES, MAX_RING_ENTRIES))
 		return -EINVAL;
-	}
-
-	gpu = kzalloc(sizeof(*gpu), GFP_KERNEL);
-	if (!gpu)
-		return -ENOMEM;
-	gpu->id = ida_alloc_max(&p2plab_gpu_ida, P2PLAB_GPU_MINORS - 1, GFP_KERNEL);
-	if (gpu->id < 0) {
-		ret = gpu->id;
-		kfree(gpu);
-		return ret;
-	}
-	/* From here on put_device() frees gpu and its id. */
-	device_initialize(&gpu->dev);
-	gpu->dev.class = &p2plab_gpu_class;
-	gpu->dev.parent = &pdev->dev;
-	gpu->dev.devt = MKDEV(MAJOR(p2plab_gpu_devt), gpu->id);
-	gpu->dev.release = p2plab_gpu_release_dev;
+	gpu = p2plab_chrdevs_alloc(&p2plab_gpu_chrdevs, struct p2plab_gpu, dev, &pdev->dev,
+				   p2plab_gpu_release_dev);
+	if (IS_ERR(gpu))
+		return PTR_ERR(gpu);
+	/* From here on put_device() frees gpu and its minor. */
 	gpu->dev.groups = p2plab_gpu_groups;
 	dev_set_drvdata(&gpu->dev, gpu);
-	ret = dev_set_name(&gpu->dev, "p2plab-gpu%d", gpu->id);
-	if (ret)
-		goto err_put;
 
 	/*
 	 * Held until the last reference to gpu: allocations and dma-bufs can
@@ -1615,31 +1588,18 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	init_waitqueue_head(&gpu->wq);
 	atomic64_set(&gpu->completed_fence, 0);
 
-	ret = pci_enable_device_mem(pdev);
-	if (ret)
-		goto err_put;
-	ret = pci_request_mem_regions(pdev, DRV_NAME);
-	if (ret)
-		goto err_disable;
-	if (pci_resource_len(pdev, P2PLAB_GPU_REGS_BAR) < P2PLAB_GPU_REGS_BAR_SIZE ||
-	    !(pci_resource_flags(pdev, P2PLAB_GPU_VRAM_BAR) & IORESOURCE_MEM)) {
+	/* The register BAR is checked by p2plab_pci_map, VRAM here. */
+	if (!(pci_resource_flags(pdev, P2PLAB_GPU_VRAM_BAR) & IORESOURCE_MEM)) {
 		dev_err(&pdev->dev, "unexpected BAR layout\n");
 		ret = -ENODEV;
-		goto err_release;
+		goto err_put;
 	}
-	gpu->regs = pci_iomap(pdev, P2PLAB_GPU_REGS_BAR, P2PLAB_GPU_REGS_BAR_SIZE);
-	if (!gpu->regs) {
-		ret = -ENOMEM;
-		goto err_release;
+	regs = p2plab_pci_map(pdev, (const struct p2plab_pci_ident *)id->driver_data);
+	if (IS_ERR(regs)) {
+		ret = PTR_ERR(regs);
+		goto err_put;
 	}
-	magic = readl(gpu->regs + REG_ID);
-	version = readl(gpu->regs + REG_VERSION);
-	if (magic != P2PLAB_GPU_ID_MAGIC || version >> 16 != P2PLAB_GPU_VERSION_MAJOR) {
-		dev_err(&pdev->dev, "not a p2plab GPU v1 (id %#x, version %#x)\n", magic,
-			version);
-		ret = -ENODEV;
-		goto err_unmap;
-	}
+	gpu->regs = regs;
 	gpu->vram_phys = pci_resource_start(pdev, P2PLAB_GPU_VRAM_BAR);
 	gpu->vram_size = pci_resource_len(pdev, P2PLAB_GPU_VRAM_BAR);
 	gpu->vram_bus = pci_bus_address(pdev, P2PLAB_GPU_VRAM_BAR);
@@ -1647,20 +1607,16 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 		dev_warn(&pdev->dev, "BAR2 is %llu bytes but the device reports %llu\n",
 			 gpu->vram_size, readq(gpu->regs + REG_VRAM_SIZE));
 
-	ret = dma_set_mask_and_coherent(&pdev->dev, DMA_BIT_MASK(64));
-	if (ret)
-		goto err_unmap;
-	pci_set_master(pdev);
 	if (!engine_stop(gpu)) {
 		ret = -EIO;
-		goto err_master;
+		goto err_unmap;
 	}
 
 	gpu->ring = dma_alloc_coherent(&pdev->dev, (size_t)gpu->ring_entries * sizeof(*gpu->ring),
 				       &gpu->ring_dma, GFP_KERNEL);
 	if (!gpu->ring) {
 		ret = -ENOMEM;
-		goto err_master;
+		goto err_unmap;
 	}
 	gpu->record_pool = dma_pool_create(DRV_NAME, &pdev->dev,
 					   sizeof(struct p2plab_gpu_hw_completion), 16, 0);
@@ -1669,14 +1625,11 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 		goto err_ring;
 	}
 
-	ret = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX | PCI_IRQ_INTX);
+	ret = p2plab_pci_irq_setup(pdev, p2plab_gpu_irq, gpu);
 	if (ret < 0)
 		goto err_pool;
+	gpu->irq = ret;
 	gpu->msix = pdev->msix_enabled;
-	gpu->irq = pci_irq_vector(pdev, 0);
-	ret = request_irq(gpu->irq, p2plab_gpu_irq, IRQF_SHARED, DRV_NAME, gpu);
-	if (ret)
-		goto err_vectors;
 
 	ret = engine_start(gpu);
 	if (ret)
@@ -1684,9 +1637,7 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 
 	publish_p2pmem(gpu);
 
-	cdev_init(&gpu->cdev, &p2plab_gpu_fops);
-	gpu->cdev.owner = THIS_MODULE;
-	ret = cdev_device_add(&gpu->cdev, &gpu->dev);
+	ret = p2plab_chrdevs_add(&gpu->cdev, &gpu->dev, &p2plab_gpu_fops);
 	if (ret)
 		goto err_engine;
 	pci_set_drvdata(pdev, gpu);
@@ -1700,22 +1651,14 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 err_engine:
 	engine_stop(gpu);
 err_irq:
-	free_irq(gpu->irq, gpu);
-err_vectors:
-	pci_free_irq_vectors(pdev);
+	p2plab_pci_irq_teardown(pdev, gpu->irq, gpu);
 err_pool:
 	dma_pool_destroy(gpu->record_pool);
 err_ring:
 	dma_free_coherent(&pdev->dev, (size_t)gpu->ring_entries * sizeof(*gpu->ring), gpu->ring,
 			  gpu->ring_dma);
-err_master:
-	pci_clear_master(pdev);
 err_unmap:
-	pci_iounmap(pdev, gpu->regs);
-err_release:
-	pci_release_mem_regions(pdev);
-err_disable:
-	pci_disable_device(pdev);
+	p2plab_pci_unmap(pdev, gpu->regs);
 err_put:
 	put_device(&gpu->dev);
 	return ret;
@@ -1753,8 +1696,7 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 	down_write(&gpu->hw_lock);
 	gpu->dead = true;
 	idle = engine_stop(gpu);
-	free_irq(gpu->irq, gpu);
-	pci_free_irq_vectors(pdev);
+	p2plab_pci_irq_teardown(pdev, gpu->irq, gpu);
 	if (idle) {
 		reap_zombies(gpu, true);
 		dma_pool_destroy(gpu->record_pool);
@@ -1764,11 +1706,8 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 		/* The device may still write there: leaking beats corrupting. */
 		dev_err(&pdev->dev, "leaking DMA memory of a device that did not stop\n");
 	}
-	pci_clear_master(pdev);
-	pci_iounmap(pdev, gpu->regs);
+	p2plab_pci_unmap(pdev, gpu->regs);
 	gpu->regs = NULL;
-	pci_release_mem_regions(pdev);
-	pci_disable_device(pdev);
 	up_write(&gpu->hw_lock);
 
 	dev_info(&pdev->dev, "%s removed\n", dev_name(&gpu->dev));
@@ -1815,8 +1754,17 @@ static const struct pci_error_handlers p2plab_gpu_err_handlers = {
 	.reset_done = p2plab_gpu_reset_done,
 };
 
+/* What a device with these IDs must say in BAR0 to be driven. */
+static const struct p2plab_pci_ident p2plab_gpu_ident = {
+	.what = "GPU",
+	.regs = { P2PLAB_GPU_REGS_BAR, P2PLAB_GPU_REGS_BAR_SIZE },
+	.id = { REG_ID, P2PLAB_GPU_ID_MAGIC },
+	.version = { REG_VERSION, P2PLAB_GPU_VERSION_MAJOR },
+};
+
 static const struct pci_device_id p2plab_gpu_ids[] = {
-	{ PCI_DEVICE(P2PLAB_GPU_VENDOR_ID, P2PLAB_GPU_DEVICE_ID) },
+	{ PCI_DEVICE(P2PLAB_GPU_VENDOR_ID, P2PLAB_GPU_DEVICE_ID),
+	  .driver_data = (kernel_ulong_t)&p2plab_gpu_ident },
 	{ }
 };
 MODULE_DEVICE_TABLE(pci, p2plab_gpu_ids);
@@ -1831,37 +1779,16 @@ static struct pci_driver p2plab_gpu_driver = {
 
 static int __init p2plab_gpu_init(void)
 {
-	int ret;
-
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_hw_cmd) != 64);
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_hw_completion) != 16);
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_info) != 96);
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_job) != 56);
-
-	ret = alloc_chrdev_region(&p2plab_gpu_devt, 0, P2PLAB_GPU_MINORS, "p2plab-gpu");
-	if (ret)
-		return ret;
-	ret = class_register(&p2plab_gpu_class);
-	if (ret)
-		goto err_chrdev;
-	ret = pci_register_driver(&p2plab_gpu_driver);
-	if (ret)
-		goto err_class;
-	return 0;
-
-err_class:
-	class_unregister(&p2plab_gpu_class);
-err_chrdev:
-	unregister_chrdev_region(p2plab_gpu_devt, P2PLAB_GPU_MINORS);
-	return ret;
+	return p2plab_chrdevs_register(&p2plab_gpu_chrdevs, &p2plab_gpu_driver);
 }
 
 static void __exit p2plab_gpu_exit(void)
 {
-	pci_unregister_driver(&p2plab_gpu_driver);
-	class_unregister(&p2plab_gpu_class);
-	unregister_chrdev_region(p2plab_gpu_devt, P2PLAB_GPU_MINORS);
-	ida_destroy(&p2plab_gpu_ida);
+	p2plab_chrdevs_unregister(&p2plab_gpu_chrdevs, &p2plab_gpu_driver);
 }
 
 module_init(p2plab_gpu_init);

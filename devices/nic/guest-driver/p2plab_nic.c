@@ -62,25 +62,18 @@
 #include "p2plab_nic_hw.h"
 #include "p2plab_nic_uapi.h"
 #include "p2plab_p2p.h"
+#include "p2plab_pci.h"
 
 #define DRV_NAME		"p2plab_nic"
 #define P2PLAB_NIC_MINORS	16
 #define NIC_PAGE		4096u
 #define QUIESCE_TIMEOUT_US	(3 * USEC_PER_SEC)
 
-#ifndef PCI_IRQ_INTX
-#define PCI_IRQ_INTX PCI_IRQ_LEGACY
-#endif
-
 static unsigned int ring_entries = 256;
 module_param(ring_entries, uint, 0444);
 MODULE_PARM_DESC(ring_entries, "Descriptors per ring, a power of two in 2..4096 (default 256)");
 
-static dev_t p2plab_nic_devt;
-static DEFINE_IDA(p2plab_nic_ida);
-static const struct class p2plab_nic_class = {
-	.name = "p2plab-nic",
-};
+static P2PLAB_CHRDEVS(p2plab_nic_chrdevs, "p2plab-nic", P2PLAB_NIC_MINORS);
 
 struct p2plab_nic;
 
@@ -187,7 +180,6 @@ struct nic_ring {
 struct p2plab_nic {
 	struct pci_dev *pdev;
 	void __iomem *regs;
-	int id;
 	struct device dev;
 	struct cdev cdev;
 	int irq;
@@ -279,11 +271,10 @@ static void reap_all(struct p2plab_nic *nic)
 static irqreturn_t p2plab_nic_irq(int irq, void *data)
 {
 	struct p2plab_nic *nic = data;
-	u32 cause = readl(nic->regs + NIC_REG_INT_STATUS);
+	u32 cause = p2plab_pci_irq_ack(nic->regs, NIC_REG_INT_STATUS);
 
-	if (!cause || cause == ~0u)
+	if (!cause)
 		return IRQ_NONE;
-	writel(cause, nic->regs + NIC_REG_INT_STATUS);
 	if (cause & NIC_INT_ERROR) {
 		WRITE_ONCE(nic->broken, true);
 		dev_err(&nic->pdev->dev, "ring halted, error %#x\n",
@@ -945,7 +936,7 @@ static void p2plab_nic_release_dev(struct device *dev)
 	struct p2plab_nic *nic = container_of(dev, struct p2plab_nic, dev);
 
 	idr_destroy(&nic->mrs);
-	ida_free(&p2plab_nic_ida, nic->id);
+	p2plab_chrdevs_put_minor(&p2plab_nic_chrdevs, dev);
 	kfree(nic);
 }
 
@@ -982,33 +973,18 @@ static void ring_free(struct p2plab_nic *nic, struct nic_ring *ring)
 static int p2plab_nic_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct p2plab_nic *nic;
-	u32 magic, version;
+	void __iomem *regs;
 	int ret;
 
-	if (!is_power_of_2(ring_entries) || ring_entries < P2PLAB_NIC_MIN_RING_ENTRIES ||
-	    ring_entries > P2PLAB_NIC_MAX_RING_ENTRIES) {
-		dev_err(&pdev->dev, "ring_entries=%u is not a power of two in 2..4096\n",
-			ring_entries);
+	if (!p2plab_ring_entries_ok(pdev, ring_entries, P2PLAB_NIC_MIN_RING_ENTRIES,
+				    P2PLAB_NIC_MAX_RING_ENTRIES))
 		return -EINVAL;
-	}
-	nic = kzalloc(sizeof(*nic), GFP_KERNEL);
-	if (!nic)
-		return -ENOMEM;
-	nic->id = ida_alloc_max(&p2plab_nic_ida, P2PLAB_NIC_MINORS - 1, GFP_KERNEL);
-	if (nic->id < 0) {
-		ret = nic->id;
-		kfree(nic);
-		return ret;
-	}
-	/* From here on put_device() frees nic and its id. */
-	device_initialize(&nic->dev);
-	nic->dev.class = &p2plab_nic_class;
-	nic->dev.parent = &pdev->dev;
-	nic->dev.devt = MKDEV(MAJOR(p2plab_nic_devt), nic->id);
-	nic->dev.release = p2plab_nic_release_dev;
-	ret = dev_set_name(&nic->dev, "p2plab-nic%d", nic->id);
-	if (ret)
-		goto err_put;
+	/* (idr_destroy in the release function is fine with a zeroed idr.) */
+	nic = p2plab_chrdevs_alloc(&p2plab_nic_chrdevs, struct p2plab_nic, dev, &pdev->dev,
+				   p2plab_nic_release_dev);
+	if (IS_ERR(nic))
+		return PTR_ERR(nic);
+	/* From here on put_device() frees nic and its minor. */
 	nic->pdev = pdev;
 	nic->entries = ring_entries;
 	nic->cq_size = 2 * ring_entries;
@@ -1018,35 +994,19 @@ static int p2plab_nic_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	idr_init(&nic->mrs);
 	init_waitqueue_head(&nic->wq);
 
-	ret = pci_enable_device_mem(pdev);
-	if (ret)
+	regs = p2plab_pci_map(pdev, (const struct p2plab_pci_ident *)id->driver_data);
+	if (IS_ERR(regs)) {
+		ret = PTR_ERR(regs);
 		goto err_put;
-	ret = pci_request_mem_regions(pdev, DRV_NAME);
-	if (ret)
-		goto err_disable;
-	nic->regs = pci_iomap(pdev, P2PLAB_NIC_REGS_BAR, P2PLAB_NIC_REGS_BAR_SIZE);
-	if (!nic->regs) {
-		ret = -ENOMEM;
-		goto err_release;
 	}
-	magic = readl(nic->regs + NIC_REG_ID);
-	version = readl(nic->regs + NIC_REG_VERSION);
-	if (magic != P2PLAB_NIC_ID_MAGIC || version >> 16 != P2PLAB_NIC_VERSION_MAJOR) {
-		dev_err(&pdev->dev, "not a p2plab NIC v1 (id %#x, version %#x)\n", magic, version);
-		ret = -ENODEV;
-		goto err_unmap;
-	}
+	nic->regs = regs;
 	nic->mtu = readl(nic->regs + NIC_REG_MTU);
-	ret = dma_set_mask_and_coherent(&pdev->dev, DMA_BIT_MASK(64));
-	if (ret)
-		goto err_unmap;
-	pci_set_master(pdev);
 	rings_stop(nic);
 
 	nic->cq = kcalloc(nic->cq_size, sizeof(*nic->cq), GFP_KERNEL);
 	if (!nic->cq) {
 		ret = -ENOMEM;
-		goto err_master;
+		goto err_unmap;
 	}
 	ret = ring_alloc(nic, &nic->tx, NIC_REG_TX_RING_BASE, NIC_REG_TX_RING_SIZE,
 			 NIC_REG_TX_DOORBELL);
@@ -1057,18 +1017,13 @@ static int p2plab_nic_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	if (ret)
 		goto err_tx;
 
-	ret = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX | PCI_IRQ_INTX);
+	ret = p2plab_pci_irq_setup(pdev, p2plab_nic_irq, nic);
 	if (ret < 0)
 		goto err_rx;
-	nic->irq = pci_irq_vector(pdev, 0);
-	ret = request_irq(nic->irq, p2plab_nic_irq, IRQF_SHARED, DRV_NAME, nic);
-	if (ret)
-		goto err_vectors;
+	nic->irq = ret;
 	/* The rings start at open. */
 
-	cdev_init(&nic->cdev, &p2plab_nic_fops);
-	nic->cdev.owner = THIS_MODULE;
-	ret = cdev_device_add(&nic->cdev, &nic->dev);
+	ret = p2plab_chrdevs_add(&nic->cdev, &nic->dev, &p2plab_nic_fops);
 	if (ret)
 		goto err_irq;
 	pci_set_drvdata(pdev, nic);
@@ -1079,23 +1034,15 @@ static int p2plab_nic_probe(struct pci_dev *pdev, const struct pci_device_id *id
 
 err_irq:
 	rings_stop(nic);
-	free_irq(nic->irq, nic);
-err_vectors:
-	pci_free_irq_vectors(pdev);
+	p2plab_pci_irq_teardown(pdev, nic->irq, nic);
 err_rx:
 	ring_free(nic, &nic->rx);
 err_tx:
 	ring_free(nic, &nic->tx);
 err_cq:
 	kfree(nic->cq);
-err_master:
-	pci_clear_master(pdev);
 err_unmap:
-	pci_iounmap(pdev, nic->regs);
-err_release:
-	pci_release_mem_regions(pdev);
-err_disable:
-	pci_disable_device(pdev);
+	p2plab_pci_unmap(pdev, nic->regs);
 err_put:
 	put_device(&nic->dev);
 	return ret;
@@ -1113,23 +1060,28 @@ static void p2plab_nic_remove(struct pci_dev *pdev)
 	idle = rings_stop(nic);
 	mutex_unlock(&nic->mr_lock);
 	wake_up_all(&nic->wq);
-	free_irq(nic->irq, nic);
-	pci_free_irq_vectors(pdev);
+	p2plab_pci_irq_teardown(pdev, nic->irq, nic);
 	if (idle) {
 		ring_free(nic, &nic->rx);
 		ring_free(nic, &nic->tx);
 	}
 	kfree(nic->cq);
 	nic->cq = NULL;
-	pci_clear_master(pdev);
-	pci_iounmap(pdev, nic->regs);
-	pci_release_mem_regions(pdev);
-	pci_disable_device(pdev);
+	p2plab_pci_unmap(pdev, nic->regs);
 	put_device(&nic->dev);
 }
 
+/* What a device with these IDs must say in BAR0 to be driven. */
+static const struct p2plab_pci_ident p2plab_nic_ident = {
+	.what = "NIC",
+	.regs = { P2PLAB_NIC_REGS_BAR, P2PLAB_NIC_REGS_BAR_SIZE },
+	.id = { NIC_REG_ID, P2PLAB_NIC_ID_MAGIC },
+	.version = { NIC_REG_VERSION, P2PLAB_NIC_VERSION_MAJOR },
+};
+
 static const struct pci_device_id p2plab_nic_ids[] = {
-	{ PCI_DEVICE(P2PLAB_NIC_VENDOR_ID, P2PLAB_NIC_DEVICE_ID) },
+	{ PCI_DEVICE(P2PLAB_NIC_VENDOR_ID, P2PLAB_NIC_DEVICE_ID),
+	  .driver_data = (kernel_ulong_t)&p2plab_nic_ident },
 	{}
 };
 MODULE_DEVICE_TABLE(pci, p2plab_nic_ids);
@@ -1143,34 +1095,14 @@ static struct pci_driver p2plab_nic_driver = {
 
 static int __init p2plab_nic_init(void)
 {
-	int ret;
-
 	BUILD_BUG_ON(sizeof(struct p2plab_nic_desc) != NIC_DESC_SIZE);
 	BUILD_BUG_ON(sizeof(struct p2plab_nic_wc) != 32);
-	ret = alloc_chrdev_region(&p2plab_nic_devt, 0, P2PLAB_NIC_MINORS, "p2plab-nic");
-	if (ret)
-		return ret;
-	ret = class_register(&p2plab_nic_class);
-	if (ret)
-		goto err_chrdev;
-	ret = pci_register_driver(&p2plab_nic_driver);
-	if (ret)
-		goto err_class;
-	return 0;
-
-err_class:
-	class_unregister(&p2plab_nic_class);
-err_chrdev:
-	unregister_chrdev_region(p2plab_nic_devt, P2PLAB_NIC_MINORS);
-	return ret;
+	return p2plab_chrdevs_register(&p2plab_nic_chrdevs, &p2plab_nic_driver);
 }
 
 static void __exit p2plab_nic_exit(void)
 {
-	pci_unregister_driver(&p2plab_nic_driver);
-	class_unregister(&p2plab_nic_class);
-	unregister_chrdev_region(p2plab_nic_devt, P2PLAB_NIC_MINORS);
-	ida_destroy(&p2plab_nic_ida);
+	p2plab_chrdevs_unregister(&p2plab_nic_chrdevs, &p2plab_nic_driver);
 	p2p_put_symbols();
 }
 
