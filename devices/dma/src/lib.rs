@@ -7,8 +7,9 @@
 //! error), never a panic.
 //!
 //! This is the seam where cross-cutting behaviour plugs in by wrapping a
-//! `GuestMemory`: the bus-master-enable gate, fault injection, tracing and
-//! the zero-copy peer path. Test fakes ([`testing`], behind the `testing`
+//! `GuestMemory`: the bus-master-enable gate with its reset quiesce
+//! (p2plab-kit's `DmaGate`), fault injection, tracing and the zero-copy
+//! peer path. Test fakes ([`testing`], behind the `testing`
 //! feature) implement it once for every model.
 //!
 //! [`DmaSpace`](p2plab_vfio_user::DmaSpace), the vfio-user transport's DMA
@@ -18,7 +19,6 @@
 #![deny(missing_docs)]
 
 mod fault;
-mod gate;
 mod region;
 mod transport;
 
@@ -26,7 +26,6 @@ mod transport;
 pub mod testing;
 
 pub use fault::{DmaFault, DmaFaultKind};
-pub use gate::BusMasterGate;
 pub use region::{checked_range, HeapRegion, RegionMemory};
 pub use transport::{fault_kind, SharedRegion};
 
