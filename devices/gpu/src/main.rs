@@ -1,23 +1,19 @@
 //! `p2plab-gpu`: serves the GPU-like device over vfio-user.
 //!
-//! Thin wiring: the device's flags and how its counters read; the device
-//! is `p2plab_gpu::gpu_function`, the transport p2plab-vfio-user, and the
-//! process plumbing (common flags, logging, signals, stats file)
-//! p2plab-server.
+//! Thin wiring: the device's flags and how its PCI function is built; the
+//! device is `p2plab_gpu::gpu_function`, the rest (peers, control socket,
+//! stats, shutdown order) p2plab-server's `serve_device`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
-use p2plab_gpu::regs::VRAM_BAR;
-use p2plab_gpu::{check_spec, gpu_function, FaultControl, GpuFaultSpec, GpuIds, StatsReader, Vram};
-use p2plab_peer::{Export, PeerRegistry};
-use p2plab_server::control::{status_reply, ControlHandler, ControlRequest, ControlServer};
+use p2plab_gpu::{check_spec, gpu_function, GpuFaultSpec, GpuIds, Vram};
 use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
-use p2plab_vfio_user::{DmaSpace, Server};
+use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
 const PROCESS: ServerProcess = ServerProcess {
@@ -69,45 +65,6 @@ fn parse_fault(text: &str) -> Result<GpuFaultSpec, String> {
     Ok(spec)
 }
 
-/// Answers the control socket for the device.
-struct GpuControl {
-    faults: FaultControl,
-    stats: StatsReader,
-    dma: DmaSpace,
-    peers: Option<Arc<PeerRegistry>>,
-}
-
-impl ControlHandler for GpuControl {
-    fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
-        match request {
-            ControlRequest::Status => status_reply(
-                &stats_json(&self.stats, &self.dma, self.peers.as_deref()),
-                self.faults.report(),
-                Some(self.faults.registers()),
-            ),
-            ControlRequest::Inject { spec } => {
-                let spec = parse_fault(spec)?;
-                let id = self.faults.inject(spec)?;
-                Ok(serde_json::json!({ "id": id, "spec": spec.to_string() }))
-            }
-            ControlRequest::Clear => {
-                self.faults.clear();
-                Ok(serde_json::json!({}))
-            }
-            ControlRequest::Reset => {
-                self.faults.reset();
-                Ok(serde_json::json!({}))
-            }
-            // Answered by the control server from `tracer`.
-            ControlRequest::Trace { .. } => Err("trace is not handled here".into()),
-        }
-    }
-
-    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
-        Some(self.faults.tracer())
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     p2plab_server::run_main(&PROCESS, &args.server, |launch| run(&args, launch))
@@ -121,105 +78,17 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         subsystem_id: args.subsystem_id.unwrap_or(args.device_id),
     };
     let vram = Vram::new(args.vram_size).context("cannot create the VRAM memfd")?;
-    let dma = DmaSpace::new();
     // The engine reaches guest memory through the transport's DMA space
     // (mmapped guest RAM, messages for peer BARs, our own VRAM window).
-    let vram_fd = vram
-        .fd()
-        .try_clone_to_owned()
-        .context("cannot share the VRAM memfd")?;
+    let dma = DmaSpace::new();
     let mut function = gpu_function(&ids, vram, Arc::new(dma.clone()))?;
     function.model_mut().serve_vram_locally(dma.clone());
-    // Peers write into VRAM through its memfd, at the address the guest
-    // gives BAR2 (pushed to them before the config write completes).
-    let peers = args.server.start_peers(
-        &dma,
-        vec![Export {
-            bar: VRAM_BAR,
-            fd: vram_fd,
-            size: args.vram_size,
-        }],
-    )?;
-    if let Some(peers) = &peers {
-        let peers = Arc::clone(peers);
-        function
-            .model_mut()
-            .on_vram_placement(move |addr| peers.set_placement(VRAM_BAR, addr));
-    }
-    let stats = function.model().gpu().stats_reader();
-    let faults = function.model().gpu().fault_control();
-    args.server.configure_tracer(faults.tracer())?;
-    for spec in &args.injections {
-        faults.inject(*spec).map_err(|e| anyhow!("--inject: {e}"))?;
-    }
-    let _control = ControlServer::start(
-        &args.server.control_path(),
-        Arc::new(GpuControl {
-            faults,
-            stats: stats.clone(),
-            dma: dma.clone(),
-            peers: peers.clone(),
-        }),
-    )
-    .map_err(|e| {
-        anyhow!(
-            "--control-socket {}: {e}",
-            args.server.control_path().display()
-        )
-    })?;
-
-    let server = Server::new(args.server.server_config(), dma.clone())?;
-    let running = {
-        let peers = peers.clone();
-        launch.start(
-            &server,
-            Arc::new(move || stats_json(&stats, &dma, peers.as_deref())),
-        )?
-    };
-
     info!(
         vendor_id = format_args!("{:#06x}", ids.vendor_id),
         device_id = format_args!("{:#06x}", ids.device_id),
         vram_mib = args.vram_size >> 20,
         "p2plab-gpu starting"
     );
-    let result = server.run(&mut function);
-    drop(function);
-    // Peers drop their windows on our VRAM as the connections close.
-    if let Some(peers) = &peers {
-        peers.close();
-    }
-
-    let json = running.finish();
-    info!(stats = %json, "p2plab-gpu exiting");
-    result?;
-    Ok(())
-}
-
-/// Device counters plus which path the engine's DMA took (mmapped guest
-/// memory, DMA messages through the client, our own VRAM window, or a
-/// peer's BAR directly), and the bytes peers moved into and out of VRAM
-/// directly (`peer_inbound_*`).
-fn stats_json(stats: &StatsReader, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
-    let d = dma.stats();
-    let inbound = peers.map(|p| p.inbound(VRAM_BAR)).unwrap_or_default();
-    stats.snapshot().to_json_with(&[
-        ("dma_peer_read_bytes", d.peer.read_bytes),
-        ("dma_peer_write_bytes", d.peer.write_bytes),
-        ("dma_peer_read_ops", d.peer.read_ops),
-        ("dma_peer_write_ops", d.peer.write_ops),
-        ("peer_inbound_write_bytes", inbound.written),
-        ("peer_inbound_read_bytes", inbound.read),
-        ("peer_path", u64::from(peers.is_some())),
-        (
-            "peer_placement_changes",
-            peers.map_or(0, |p| p.placement_changes()),
-        ),
-        ("dma_mmap_read_bytes", d.mmap.read_bytes),
-        ("dma_mmap_write_bytes", d.mmap.write_bytes),
-        ("dma_message_read_bytes", d.message.read_bytes),
-        ("dma_message_write_bytes", d.message.write_bytes),
-        ("dma_local_read_bytes", d.local.read_bytes),
-        ("dma_local_write_bytes", d.local.write_bytes),
-    ])
+    let injections: Vec<String> = args.injections.iter().map(|s| s.to_string()).collect();
+    p2plab_server::serve_device(&args.server, launch, dma, function, &injections)
 }

@@ -2,16 +2,16 @@
 //! and the glue between [`Gpu`] and p2plab-pci's [`PciFunction`].
 
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
+use p2plab_kit::{DeviceControl, LateInterrupts, PeerBar, PlacementHook, ServedDevice};
 use p2plab_pci::{
-    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
-    InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, LinkSpeed,
+    MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
 };
 use p2plab_vfio_user::{DeviceError, DmaSpace, LocalMemory, LocalWindowId};
 
-use crate::device::{BusMaster, InterruptSink};
 use crate::model::Gpu;
 use crate::regs::*;
 use crate::vram::Vram;
@@ -75,23 +75,6 @@ pub fn config_space(ids: &GpuIds, vram_size: u64) -> Result<ConfigSpace, BuildEr
         .build()
 }
 
-/// Forwards engine interrupts to the function's interrupt controller, which
-/// exists only once the [`PciFunction`] is built (after the model).
-#[derive(Debug, Default)]
-struct LateInterrupts(OnceLock<Arc<InterruptController>>);
-
-impl InterruptSink for LateInterrupts {
-    fn notify(&self, vector: u16) {
-        match self.0.get().map(|irq| irq.notify(vector)) {
-            Some(Delivery::Signalled) => tracing::trace!(vector, "MSI-X sent"),
-            Some(Delivery::Pending) => tracing::debug!(vector, "interrupt pending (masked)"),
-            Some(Delivery::Dropped) | None => {
-                tracing::debug!(vector, "interrupt dropped: no MSI-X/INTx enabled and bound")
-            }
-        }
-    }
-}
-
 /// VRAM as a DMA local window: engine DMA whose host address lands in our
 /// own BAR2 is served from the memfd instead of a round trip through QEMU.
 impl LocalMemory for Vram {
@@ -129,17 +112,6 @@ struct VramWindow {
     id: Option<LocalWindowId>,
 }
 
-/// Told where VRAM decodes now, synchronously from the config write (or
-/// reset) that changed it: the server pushes it to its peers before the
-/// write completes.
-pub struct PlacementHook(Box<dyn Fn(Option<u64>) + Send>);
-
-impl std::fmt::Debug for PlacementHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PlacementHook")
-    }
-}
-
 /// [`Gpu`] seen through p2plab-pci's [`PciModel`].
 #[derive(Debug)]
 pub struct GpuFunction {
@@ -167,16 +139,10 @@ impl GpuFunction {
         self.update_window();
     }
 
-    /// Calls `hook` with VRAM's address each time it changes (None: not
-    /// decoding), and once now.
-    pub fn on_vram_placement(&mut self, hook: impl Fn(Option<u64>) + Send + 'static) {
-        hook(self.vram_address);
-        self.placement = Some(PlacementHook(Box::new(hook)));
-    }
 
     fn update_window(&mut self) {
         if let Some(hook) = &self.placement {
-            (hook.0)(self.vram_address);
+            hook.placed(self.vram_address);
         }
         let Some(window) = self.window.as_mut() else {
             return;
@@ -210,11 +176,10 @@ pub fn gpu_function(
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<GpuFunction>, GpuError> {
     let config = config_space(ids, vram.size()).map_err(|e| GpuError::Config(e.0))?;
-    let irq = Arc::new(LateInterrupts::default());
+    let irq = LateInterrupts::new();
     let gpu = Gpu::new(vram, memory, irq.clone()).map_err(GpuError::Thread)?;
     let function = PciFunction::new(config, |controller| {
-        // The cell is fresh, so this cannot fail; ignore the impossible.
-        let _ = irq.0.set(controller);
+        irq.bind(controller);
         GpuFunction {
             gpu,
             vram_address: None,
@@ -257,18 +222,19 @@ impl PciModel for GpuFunction {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
         // Config space is already back to power-on: COMMAND is 0.
-        self.gpu.set_bus_master(BusMaster::Disabled);
-        self.gpu.reset();
+        self.gpu.set_bus_master(false);
+        let quiesced = self.gpu.reset();
         self.vram_address = None;
         self.update_window();
+        quiesced.map_err(|_| DeviceError::new(libc::ETIMEDOUT, "engine DMA did not quiesce"))
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
         match change {
             ConfigChange::CommandChanged { new, .. } => {
-                self.gpu.set_bus_master(BusMaster::from(new.bus_master()))
+                self.gpu.set_bus_master(new.bus_master())
             }
             ConfigChange::BarMoved { index, new, .. } if *index == VRAM_BAR => {
                 tracing::info!(address = ?new.map(|a| format!("{a:#x}")), "VRAM BAR placed");
@@ -285,6 +251,32 @@ impl PciModel for GpuFunction {
             fd_offset: 0,
             areas: Vec::new(),
         })
+    }
+}
+
+impl ServedDevice for GpuFunction {
+    const PEER_BAR: Option<u8> = Some(VRAM_BAR);
+
+    fn control(&self) -> Arc<dyn DeviceControl> {
+        Arc::new(self.gpu.control())
+    }
+
+    /// Peers write into VRAM through its memfd, at the address the guest
+    /// gives BAR2.
+    fn peer_bar(&self) -> io::Result<Option<PeerBar>> {
+        let vram = self.gpu.vram();
+        Ok(Some(PeerBar {
+            bar: VRAM_BAR,
+            fd: vram.fd().try_clone_to_owned()?,
+            size: vram.size(),
+        }))
+    }
+
+    /// Calls `hook` with VRAM's address each time it changes (None: not
+    /// decoding), and once now.
+    fn on_peer_bar_placement(&mut self, hook: PlacementHook) {
+        hook.placed(self.vram_address);
+        self.placement = Some(hook);
     }
 }
 

@@ -138,7 +138,7 @@ fn client_drives_the_engine_through_the_server() {
     let mut function =
         gpu_function(&ids, Vram::new(VRAM_SIZE).unwrap(), Arc::new(dma.clone())).unwrap();
     function.model_mut().serve_vram_locally(dma.clone());
-    let stats = function.model().gpu().stats_reader();
+    let stats = function.model().gpu().control();
     let server = Server::new(ServerConfig::new(&path), dma.clone()).unwrap();
     let listener = server.bind().unwrap();
     let shutdown = server.shutdown_handle();
@@ -309,7 +309,7 @@ fn client_drives_the_engine_through_the_server() {
     );
     assert_eq!(record.status, StatusCode::VramRange.code());
 
-    let s = stats.snapshot();
+    let s = stats.stats();
     assert_eq!(s.bytes_host_to_vram, data.len() as u64);
     assert_eq!(s.bytes_vram_to_host, data.len() as u64 + 8192);
     assert_eq!((s.jobs_completed, s.jobs_failed), (5, 1));
@@ -318,7 +318,7 @@ fn client_drives_the_engine_through_the_server() {
     // Disconnect: the server resets the device and keeps listening.
     guest.client.shutdown().unwrap();
     drop(guest);
-    wait_until("reset after disconnect", || stats.snapshot().resets >= 1);
+    wait_until("reset after disconnect", || stats.stats().resets >= 1);
 
     shutdown.shutdown();
     thread.join().unwrap().unwrap();

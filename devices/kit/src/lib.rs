@@ -17,7 +17,10 @@
 //! - [`counters!`]: live atomic counters and a serde snapshot.
 //! - [`DeviceControl`]: the control verbs (status, inject, clear, reset,
 //!   registers, faults, trace), served by p2plab-server's control socket.
-//! - [`PlacementHook`]: where a shared BAR decodes, for the peer path.
+//! - [`ServedDevice`]: what p2plab-server's generic wiring needs from a
+//!   model (control verbs, the BAR shared with peers, [`PlacementHook`]
+//!   for where it decodes, a shutdown step), so a server binary's
+//!   `main.rs` is only its flags and how it builds the PCI function.
 //!
 //! The kit knows no particular device. See
 //! `docs/development/add-a-device.md` for a walk through building one.
@@ -31,6 +34,7 @@
 //! testing     -> interrupts       RecordingInterrupts
 //! interrupts                      Interrupts, LateInterrupts
 //! gate                            DmaGate, BoundMemory, Epoch
+//! served      -> control, placement   ServedDevice, PeerBar
 //! regs, counters, control, placement   (leaves)
 //! ```
 
@@ -42,6 +46,7 @@ pub mod gate;
 pub mod interrupts;
 pub mod placement;
 pub mod regs;
+pub mod served;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -51,6 +56,7 @@ pub use gate::{BoundMemory, DmaGate, Epoch, QuiesceTimeout, QUIESCE_TIMEOUT};
 pub use interrupts::{Interrupts, LateInterrupts};
 pub use placement::PlacementHook;
 pub use regs::{Half, RegisterMap};
+pub use served::{PeerBar, ServedDevice};
 
 /// For [`counters!`]: the serde the snapshots serialize with.
 pub use serde;

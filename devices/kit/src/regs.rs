@@ -152,23 +152,60 @@ macro_rules! registers {
             $( pub const $konst: u64 = $offset; )+
         }
 
-        impl $crate::regs::RegisterMap for $reg_ty {
-            const ALL: &'static [$reg_ty] = &[$($reg_ty::$reg),+];
+        #[allow(dead_code)]
+        impl $reg_ty {
+            /// Every register, in offset order.
+            pub const ALL: &'static [$reg_ty] = &[$($reg_ty::$reg),+];
 
-            fn offset(self) -> u64 {
+            /// Byte offset in the BAR.
+            pub const fn offset(self) -> u64 {
                 match self { $($reg_ty::$reg => $offset,)+ }
             }
 
-            fn name(self) -> &'static str {
+            /// Name as in the C header (after its register prefix).
+            pub const fn name(self) -> &'static str {
                 match self { $($reg_ty::$reg => stringify!($konst),)+ }
             }
 
-            fn width(self) -> $crate::regs::Width {
+            /// 32 or 64 bits.
+            pub const fn width(self) -> $crate::regs::Width {
                 match self { $($reg_ty::$reg => $crate::regs::Width::$width,)+ }
             }
 
-            fn access(self) -> $crate::regs::Access {
+            /// What the guest may do with it.
+            pub const fn access(self) -> $crate::regs::Access {
                 match self { $($reg_ty::$reg => $crate::regs::Access::$access,)+ }
+            }
+
+            /// The register a dword-aligned `offset` falls in, and which
+            /// of its dwords; `None` for a reserved offset.
+            pub fn at(offset: u64) -> Option<($reg_ty, $crate::regs::Half)> {
+                <$reg_ty as $crate::regs::RegisterMap>::at(offset)
+            }
+
+            /// Byte offset of one dword of the register.
+            pub const fn dword_offset(self, half: $crate::regs::Half) -> u64 {
+                self.offset() + half.offset()
+            }
+        }
+
+        impl $crate::regs::RegisterMap for $reg_ty {
+            const ALL: &'static [$reg_ty] = $reg_ty::ALL;
+
+            fn offset(self) -> u64 {
+                $reg_ty::offset(self)
+            }
+
+            fn name(self) -> &'static str {
+                $reg_ty::name(self)
+            }
+
+            fn width(self) -> $crate::regs::Width {
+                $reg_ty::width(self)
+            }
+
+            fn access(self) -> $crate::regs::Access {
+                $reg_ty::access(self)
             }
         }
     };

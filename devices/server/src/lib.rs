@@ -54,8 +54,10 @@
 mod args;
 pub mod control;
 mod counters;
+pub mod device;
 mod logging;
 mod process;
+mod serve;
 mod signals;
 mod stats_file;
 pub mod usage;
@@ -66,6 +68,8 @@ pub use logging::init_logging;
 /// Rate-limited logging for anything a client or guest can trigger at will
 /// (see [`p2plab_vfio_user::ratelimit`]).
 pub use p2plab_vfio_user::log_limited;
+pub use device::{DeviceHandler, DeviceStats, DmaPaths};
 pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
+pub use serve::serve_device;
 pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};
 pub use stats_file::{write_stats_file, StatsFileWriter};

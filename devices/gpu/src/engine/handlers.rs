@@ -3,6 +3,8 @@
 //! [`STEP_BYTES`], and gives up between steps once the command is
 //! abandoned.
 
+use p2plab_dma::GuestMemory;
+
 use crate::command::Command;
 use crate::crc32c::Crc32c;
 use crate::stats::Stats;
@@ -30,7 +32,8 @@ impl Engine {
                 return Outcome::Abandoned;
             }
             let buf = &mut self.step_buf[..n];
-            if let Err(fault) = self.device.memory.read(cmd.src + off, buf) {
+            let memory = self.device.gate.bound(self.epoch);
+            if let Err(fault) = memory.read(cmd.src + off, buf) {
                 p2plab_vfio_user::log_limited!(warn, error = %fault, "COPY_TO_VRAM: guest read failed");
                 return Outcome::failed(data_fault_status(&fault));
             }
@@ -53,7 +56,8 @@ impl Engine {
                 p2plab_vfio_user::log_limited!(warn, error = %e, "COPY_FROM_VRAM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
-            if let Err(fault) = self.device.memory.write(cmd.dst + off, buf) {
+            let memory = self.device.gate.bound(self.epoch);
+            if let Err(fault) = memory.write(cmd.dst + off, buf) {
                 p2plab_vfio_user::log_limited!(warn, error = %fault, "COPY_FROM_VRAM: guest write failed");
                 return Outcome::failed(data_fault_status(&fault));
             }

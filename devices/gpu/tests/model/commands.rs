@@ -90,10 +90,10 @@ fn zero_fill_zeroes_and_frees_pages() {
     let mut rig = Rig::ready();
     let r = rig.run(fill_cmd(0, 8 << 20, 0xffff_ffff));
     assert_eq!(r.status, StatusCode::Ok.code());
-    assert!(rig.gpu.stats().vram_allocated_bytes >= 8 << 20);
+    assert!(rig.gpu.vram().allocated_bytes().unwrap() >= 8 << 20);
     let r = rig.run(fill_cmd(100, (8 << 20) - 200, 0));
     assert_eq!(r.status, StatusCode::Ok.code());
-    assert!(rig.gpu.stats().vram_allocated_bytes <= 2 * 4096);
+    assert!(rig.gpu.vram().allocated_bytes().unwrap() <= 2 * 4096);
     let got = vram_bytes(&rig, 0, 8 << 20);
     assert!(got[..100].iter().all(|&b| b == 0xff));
     assert!(got[100..(8 << 20) - 100].iter().all(|&b| b == 0));
