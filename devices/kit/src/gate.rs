@@ -196,20 +196,22 @@ impl DmaGate {
     fn enter(&self, epoch: Option<Epoch>, addr: u64, len: usize) -> Result<InFlight<'_>, DmaFault> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let access = InFlight(self);
-        if !self.bus_master() {
-            return Err(DmaFault::new(
-                DmaFaultKind::BusMasterDisabled,
-                addr,
-                len as u64,
-                "PCI Command.BME is clear",
-            ));
-        }
+        // Stale work first: a reset also clears BME, and the work's owner
+        // must learn that the work is gone, not that the bus is off.
         if epoch.is_some_and(|e| !self.is_current(e)) {
             return Err(DmaFault::new(
                 DmaFaultKind::Reset,
                 addr,
                 len as u64,
                 "the device was reset after this work was fetched",
+            ));
+        }
+        if !self.bus_master() {
+            return Err(DmaFault::new(
+                DmaFaultKind::BusMasterDisabled,
+                addr,
+                len as u64,
+                "PCI Command.BME is clear",
             ));
         }
         Ok(access)
@@ -343,6 +345,10 @@ mod tests {
         gate.quiesce().unwrap();
         let fault = gate.bound(old).write_u32(0x1000, 1).unwrap_err();
         assert_eq!(fault.kind, DmaFaultKind::Reset);
+        gate.set_bus_master(false);
+        let fault = gate.bound(old).write_u32(0x1000, 1).unwrap_err();
+        assert_eq!(fault.kind, DmaFaultKind::Reset, "stale, whatever BME says");
+        gate.set_bus_master(true);
         assert_eq!(ram.read_u32(0x1000).unwrap(), 0);
         gate.bound(gate.epoch()).write_u32(0x1000, 2).unwrap();
         gate.write_u32(0x1004, 3).unwrap();

@@ -2,16 +2,17 @@
 //! and p2plab-pci's [`PciFunction`].
 
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
+use p2plab_kit::{DeviceControl, LateInterrupts, ServedDevice};
 use p2plab_pci::{
-    BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
-    InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, LinkSpeed, MsixCapSpec,
+    PciFunction, PciModel, PcieCapSpec,
 };
 use p2plab_vfio_user::DeviceError;
 
-use crate::model::{InterruptSink, Nic};
+use crate::model::Nic;
 use crate::regs::*;
 use crate::wire::Wire;
 
@@ -56,23 +57,6 @@ pub fn config_space(ids: &NicIds) -> Result<ConfigSpace, BuildError> {
         .build()
 }
 
-/// Forwards engine interrupts to the function's interrupt controller,
-/// which exists only once the [`PciFunction`] is built.
-#[derive(Debug, Default)]
-struct LateInterrupts(OnceLock<Arc<InterruptController>>);
-
-impl InterruptSink for LateInterrupts {
-    fn notify(&self, vector: u16) {
-        match self.0.get().map(|irq| irq.notify(vector)) {
-            Some(Delivery::Signalled) => tracing::trace!(vector, "MSI-X sent"),
-            Some(Delivery::Pending) => tracing::debug!(vector, "interrupt pending (masked)"),
-            Some(Delivery::Dropped) | None => {
-                tracing::debug!(vector, "interrupt dropped: no MSI-X/INTx enabled and bound")
-            }
-        }
-    }
-}
-
 /// [`Nic`] seen through p2plab-pci's [`PciModel`].
 #[derive(Debug)]
 pub struct NicFunction {
@@ -95,11 +79,10 @@ pub fn nic_function(
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<NicFunction>, NicError> {
     let config = config_space(ids).map_err(|e| NicError::Config(e.0))?;
-    let irq = Arc::new(LateInterrupts::default());
+    let irq = LateInterrupts::new();
     let nic = Nic::new(wire, mtu, memory, irq.clone()).map_err(NicError::Thread)?;
     Ok(PciFunction::new(config, |controller| {
-        // The cell is fresh, so this cannot fail.
-        let _ = irq.0.set(controller);
+        irq.bind(controller);
         NicFunction { nic }
     }))
 }
@@ -134,14 +117,24 @@ impl PciModel for NicFunction {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
+        // Config space is already back to power-on: COMMAND is 0.
         self.nic.set_bus_master(false);
-        self.nic.reset();
+        self.nic
+            .reset()
+            .map_err(|_| DeviceError::new(libc::ETIMEDOUT, "engine DMA did not quiesce"))
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
         if let ConfigChange::CommandChanged { new, .. } = change {
             self.nic.set_bus_master(new.bus_master());
         }
+    }
+}
+
+/// The NIC shares no BAR with peers: it only DMAs into theirs.
+impl ServedDevice for NicFunction {
+    fn control(&self) -> Arc<dyn DeviceControl> {
+        Arc::new(self.nic.control())
     }
 }

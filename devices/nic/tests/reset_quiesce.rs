@@ -46,16 +46,16 @@ fn post_rx_buffers(f: &mut PciFunction<NicFunction>, ram: &FakeGuestMemory) {
     let mut ring = Vec::new();
     for i in 0..ENTRIES - 1 {
         let addr = BUFFERS + u64::from(i * BUFFER_LEN);
-        ring.extend_from_slice(&encode(addr, BUFFER_LEN, DESC_FLAG_IRQ, i.into()));
+        ring.extend_from_slice(&encode(addr, BUFFER_LEN, DescFlags::IRQ.raw(), i.into()));
     }
     ram.write(RX_RING, &ring).unwrap();
     ram.write(BUFFERS, &vec![POISON; (BUFFER_LEN * ENTRIES) as usize])
         .unwrap();
-    write32(f, REG_RX_RING_BASE, RX_RING as u32);
-    write32(f, REG_RX_RING_BASE + 4, 0);
-    write32(f, REG_RX_RING_SIZE, ENTRIES);
-    write32(f, REG_CTRL, CTRL_RX_ENABLE);
-    write32(f, REG_RX_DOORBELL, ENTRIES - 1);
+    write32(f, reg::RX_RING_BASE, RX_RING as u32);
+    write32(f, reg::RX_RING_BASE + 4, 0);
+    write32(f, reg::RX_RING_SIZE, ENTRIES);
+    write32(f, reg::CTRL, Ctrl::RX_ENABLE.raw());
+    write32(f, reg::RX_DOORBELL, ENTRIES - 1);
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -88,13 +88,11 @@ fn a_frame_after_reset_lands_nowhere() {
     for round in 0..5u64 {
         post_rx_buffers(&mut f, &ram);
         wait_until("the RX engine takes a descriptor", || {
-            read32(&mut f, REG_STATUS) & STATUS_RX_BUSY != 0
+            read32(&mut f, reg::STATUS) & DeviceStatus::RX_BUSY.raw() != 0
         });
         let before = control.stats();
         f.reset().unwrap();
-        theirs
-            .send(Frame::new(vec![0x5a; 512]), &|| false)
-            .unwrap();
+        theirs.send(Frame::new(vec![0x5a; 512]), &|| false).unwrap();
         wait_until("the frame is discarded", || {
             control.stats().rx_discarded == before.rx_discarded + 1
         });
