@@ -98,12 +98,12 @@ impl Guest {
     }
 
     fn write32(&self, offset: u64, value: u32) {
-        self.ctrl.write_bar0(offset, &value.to_le_bytes());
+        self.ctrl.regs_write(offset, &value.to_le_bytes());
     }
 
     fn csts(&self) -> u32 {
         let mut b = [0u8; 4];
-        self.ctrl.read_bar0(reg::CSTS, &mut b);
+        self.ctrl.regs_read(reg::CSTS, &mut b);
         u32::from_le_bytes(b)
     }
 
@@ -140,7 +140,7 @@ impl Guest {
         }
         queue.tail = (queue.tail + 1) % ENTRIES;
         let sq_doorbell = 0x1000 + 8 * q as u64;
-        self.ctrl.write_bar0(sq_doorbell, &queue.tail.to_le_bytes());
+        self.ctrl.regs_write(sq_doorbell, &queue.tail.to_le_bytes());
         let deadline = Instant::now() + WAIT;
         loop {
             let queue = &mut self.queues[q];
@@ -158,7 +158,7 @@ impl Guest {
                     queue.phase = !queue.phase;
                 }
                 let head = queue.head;
-                self.ctrl.write_bar0(sq_doorbell + 4, &head.to_le_bytes());
+                self.ctrl.regs_write(sq_doorbell + 4, &head.to_le_bytes());
                 return;
             }
             let csts = self.csts();
@@ -225,7 +225,7 @@ fuzz_target!(|data: &[u8]| {
                 rest = &rest[10..];
                 let offset = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) % 0x1100;
                 let len = if op & 0x8 != 0 { 8 } else { 4 };
-                guest.ctrl.write_bar0(offset, &bytes[2..2 + len]);
+                guest.ctrl.regs_write(offset, &bytes[2..2 + len]);
             }
             // A register read.
             4 => {
@@ -233,7 +233,7 @@ fuzz_target!(|data: &[u8]| {
                 rest = &rest[2..];
                 let offset = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) % 0x1100;
                 let mut b = [0u8; 8];
-                guest.ctrl.read_bar0(offset, &mut b[..4]);
+                guest.ctrl.regs_read(offset, &mut b[..4]);
             }
             // Linux's recovery after CFS: reset and enable again.
             5 => {

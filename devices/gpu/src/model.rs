@@ -97,7 +97,9 @@ impl DeviceControl for GpuControl {
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        let spec: GpuFaultSpec = spec.parse().map_err(|e: p2plab_fault::SpecError| e.to_string())?;
+        let spec: GpuFaultSpec = spec
+            .parse()
+            .map_err(|e: p2plab_fault::SpecError| e.to_string())?;
         let id = GpuControl::inject(self, spec)?;
         Ok(Armed {
             id,

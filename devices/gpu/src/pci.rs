@@ -139,7 +139,6 @@ impl GpuFunction {
         self.update_window();
     }
 
-
     fn update_window(&mut self) {
         if let Some(hook) = &self.placement {
             hook.placed(self.vram_address);
@@ -233,9 +232,7 @@ impl PciModel for GpuFunction {
 
     fn config_changed(&mut self, change: &ConfigChange) {
         match change {
-            ConfigChange::CommandChanged { new, .. } => {
-                self.gpu.set_bus_master(new.bus_master())
-            }
+            ConfigChange::CommandChanged { new, .. } => self.gpu.set_bus_master(new.bus_master()),
             ConfigChange::BarMoved { index, new, .. } if *index == VRAM_BAR => {
                 tracing::info!(address = ?new.map(|a| format!("{a:#x}")), "VRAM BAR placed");
                 self.vram_address = *new;

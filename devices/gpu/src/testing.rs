@@ -8,7 +8,6 @@ use std::sync::{Condvar, Mutex, PoisonError};
 
 use p2plab_dma::{DmaFault, GuestMemory};
 
-
 /// Guest memory whose reads at or above an address block while its gate
 /// is closed, to hold the engine in the middle of a job (a reset or ring
 /// disable can then overtake it deterministically). Reads below that

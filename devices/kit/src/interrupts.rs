@@ -78,6 +78,9 @@ mod tests {
         late.bind(Arc::clone(&controller));
         assert!(!controller.msix_pending(1), "the early vector was dropped");
         late.notify(1);
-        assert!(controller.msix_pending(1), "the vector reached the controller");
+        assert!(
+            controller.msix_pending(1),
+            "the vector reached the controller"
+        );
     }
 }

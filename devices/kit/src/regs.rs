@@ -491,7 +491,12 @@ mod tests {
     #[test]
     fn reads_assemble_bytes_from_dwords() {
         let mut data = [0u8; 4];
-        read_bytes(0x6, &mut data, 0x8, |at| if at == 4 { 0x4433_2211 } else { 0 });
+        read_bytes(
+            0x6,
+            &mut data,
+            0x8,
+            |at| if at == 4 { 0x4433_2211 } else { 0 },
+        );
         assert_eq!(data, [0x33, 0x44, 0xff, 0xff]);
     }
 }

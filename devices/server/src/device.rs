@@ -310,7 +310,10 @@ mod tests {
         ] {
             assert!(status[key].is_u64(), "{key} in {status}");
         }
-        assert_eq!(status["dma_local_read_bytes"], 5, "own-BAR DMA counts as local");
+        assert_eq!(
+            status["dma_local_read_bytes"], 5,
+            "own-BAR DMA counts as local"
+        );
         assert_eq!(status["dma_local_write_bytes"], 7);
         assert!(status.get("peer_windows").is_none());
         assert_eq!(status["faults"], serde_json::json!(["drop"]));
@@ -337,6 +340,9 @@ mod tests {
             .handle(&ControlRequest::Inject { spec: "bad".into() })
             .unwrap_err();
         assert_eq!(err, "bad: unknown fault");
-        assert_eq!(h.handle(&ControlRequest::Clear).unwrap(), serde_json::json!({}));
+        assert_eq!(
+            h.handle(&ControlRequest::Clear).unwrap(),
+            serde_json::json!({})
+        );
     }
 }

@@ -64,11 +64,11 @@ pub mod usage;
 
 pub use args::ServerArgs;
 pub use counters::CountersJson;
+pub use device::{DeviceHandler, DeviceStats, DmaPaths};
 pub use logging::init_logging;
 /// Rate-limited logging for anything a client or guest can trigger at will
 /// (see [`p2plab_vfio_user::ratelimit`]).
 pub use p2plab_vfio_user::log_limited;
-pub use device::{DeviceHandler, DeviceStats, DmaPaths};
 pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
 pub use serve::serve_device;
 pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use p2plab_kit::{PlacementHook, ServedDevice};
-use p2plab_peer::Export;
 use p2plab_pci::PciFunction;
+use p2plab_peer::Export;
 use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::info;
 

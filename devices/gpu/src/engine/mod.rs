@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use p2plab_dma::{DmaFault, DmaFaultKind, GuestMemory};
-use p2plab_kit::{BoundMemory, Epoch};
 use p2plab_fault::GpuDecision;
+use p2plab_kit::{BoundMemory, Epoch};
 
 use crate::command::{Command, CommandFlags, Completion, COMMAND_SIZE};
 use crate::device::Device;
