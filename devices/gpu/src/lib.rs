@@ -19,7 +19,6 @@
 
 pub mod cli;
 pub mod command;
-pub mod crc32c;
 mod device;
 pub mod engine;
 pub mod model;

@@ -16,7 +16,6 @@
 //!
 //! The decision is [`plan::plan`], a pure function; [`exec`] runs it.
 
-pub mod crc32c;
 pub mod driver;
 pub mod error;
 pub mod exec;

@@ -6,7 +6,6 @@
 use p2plab_dma::GuestMemory;
 
 use crate::command::Command;
-use crate::crc32c::Crc32c;
 use crate::stats::Stats;
 use crate::status::StatusCode;
 
@@ -130,7 +129,9 @@ impl Engine {
     }
 
     pub(super) fn checksum(&mut self, cmd: &Command) -> Outcome {
-        let mut crc = Crc32c::new();
+        // CRC-32C (Castagnoli), as the guest tool and ext4/iSCSI compute
+        // it; appended step by step.
+        let mut crc = 0u32;
         for (off, n) in steps(cmd.len) {
             if self.abandoned() {
                 return Outcome::Abandoned;
@@ -140,9 +141,9 @@ impl Engine {
                 p2plab_vfio_user::log_limited!(warn, error = %e, "CHECKSUM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
-            crc.update(buf);
+            crc = crc32c::crc32c_append(crc, buf);
             Stats::add(&self.device.stats.bytes_checksummed, n as u64);
         }
-        Outcome::ok(crc.finish())
+        Outcome::ok(crc)
     }
 }
