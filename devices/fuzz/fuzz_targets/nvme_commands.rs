@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
+use p2plab_kit::Interrupts;
 use p2plab_nvme::registers::{reg, Csts};
 use p2plab_nvme::{
-    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Interrupts, Namespace,
+    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Namespace,
     NamespaceIds, NvmeController,
 };
 
@@ -112,9 +113,9 @@ impl Guest {
         self.write32(reg::CC, 0);
         self.write32(reg::AQA, ((ENTRIES - 1) << 16) | (ENTRIES - 1));
         self.write32(reg::ASQ, ASQ as u32);
-        self.write32(reg::ASQ_HI, 0);
+        self.write32(reg::ASQ + 4, 0);
         self.write32(reg::ACQ, ACQ as u32);
-        self.write32(reg::ACQ_HI, 0);
+        self.write32(reg::ACQ + 4, 0);
         self.write32(reg::CC, (6 << 16) | (4 << 20) | 1);
         let qsize = (ENTRIES - 1) << 16;
         let cq = CommandBuilder::new(0x05, 0)
@@ -162,7 +163,10 @@ impl Guest {
                 return;
             }
             let csts = self.csts();
-            if csts & Csts::CFS != 0 || csts & Csts::RDY == 0 || Instant::now() >= deadline {
+            if csts & Csts::CFS.raw() != 0
+                || csts & Csts::RDY.raw() == 0
+                || Instant::now() >= deadline
+            {
                 return;
             }
             std::thread::yield_now();
@@ -257,7 +261,11 @@ fuzz_target!(|data: &[u8]| {
             // has stopped when it returns.
             _ => {
                 guest.ctrl.reset();
-                assert_eq!(guest.csts() & Csts::RDY, 0, "a worker outlived the reset");
+                assert_eq!(
+                    guest.csts() & Csts::RDY.raw(),
+                    0,
+                    "a worker outlived the reset"
+                );
                 guest.ctrl.set_cmb_bar_address(Some(CMB_BAR));
             }
         }
@@ -268,5 +276,9 @@ fuzz_target!(|data: &[u8]| {
         "an internal error reached the worker boundary"
     );
     guest.ctrl.reset();
-    assert_eq!(guest.csts() & Csts::RDY, 0, "a worker outlived the reset");
+    assert_eq!(
+        guest.csts() & Csts::RDY.raw(),
+        0,
+        "a worker outlived the reset"
+    );
 });
