@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
 use crc32c::crc32c;
+use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
 use p2plab_gpu::engine::opcodes::op;
 use p2plab_gpu::pci::config_space;
 use p2plab_gpu::regs::*;

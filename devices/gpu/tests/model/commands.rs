@@ -3,7 +3,6 @@
 //! Catches: wrong bytes moved, memmove overlap bugs, fill pattern phase
 //! errors, a zero fill that keeps pages, a wrong CRC, wrong byte counters.
 
-
 use crate::rig::*;
 
 #[test]
