@@ -33,6 +33,8 @@ pub mod vram;
 
 pub use model::{check_spec, Gpu, GpuControl};
 pub use p2plab_fault::{GpuFaultSpec, SpecError};
-pub use pci::{gpu_function, GpuError, GpuFunction, GpuIds};
+pub use p2plab_kit::PciIds;
+pub use pci::{gpu_function, GpuError, GpuFunction};
+pub use regs::DEFAULT_IDS;
 pub use stats::{Stats, StatsSnapshot};
 pub use vram::Vram;

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use p2plab_gpu::cli::{parse_pci_id, parse_vram_size};
-use p2plab_gpu::{check_spec, gpu_function, GpuFaultSpec, GpuIds, Vram};
-use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_gpu::cli::parse_vram_size;
+use p2plab_gpu::{check_spec, gpu_function, GpuFaultSpec, Vram, DEFAULT_IDS};
+use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
@@ -37,18 +37,9 @@ struct Args {
     /// VRAM (BAR2) size: a power of two from 256M to 1T, e.g. 256M, 1G, 64G.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_vram_size)]
     vram_size: u64,
-    /// PCI vendor ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x5032", value_parser = parse_pci_id)]
-    vendor_id: u16,
-    /// PCI device ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x4750", value_parser = parse_pci_id)]
-    device_id: u16,
-    /// PCI subsystem vendor ID (hex); defaults to the vendor ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_vendor_id: Option<u16>,
-    /// PCI subsystem ID (hex); defaults to the device ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_id: Option<u16>,
+    /// PCI identity (default 5032:4750).
+    #[command(flatten)]
+    ids: PciIdArgs,
     /// Arm a fault injection from the start (repeatable), as
     /// `p2plab-ctl inject` takes it: `job-error=0x06,count=1[,opcode=fill]`,
     /// `hang,count=1`, `drop-irq,count=1`, `vram-error=0x100000-0x1fffff`.
@@ -71,12 +62,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
-    let ids = GpuIds {
-        vendor_id: args.vendor_id,
-        device_id: args.device_id,
-        subsystem_vendor_id: args.subsystem_vendor_id.unwrap_or(args.vendor_id),
-        subsystem_id: args.subsystem_id.unwrap_or(args.device_id),
-    };
+    let ids = args.ids.ids(DEFAULT_IDS);
     let vram = Vram::new(args.vram_size).context("cannot create the VRAM memfd")?;
     // The engine reaches guest memory through the transport's DMA space
     // (mmapped guest RAM, messages for peer BARs, our own VRAM window).

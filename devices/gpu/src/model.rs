@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 
 use p2plab_dma::GuestMemory;
 use p2plab_fault::{ArmedReport, GpuAction, GpuFaultSpec};
-use p2plab_kit::regs::{read_bytes, register_values, write_dwords};
-use p2plab_kit::{Armed, DeviceControl, Interrupts, QuiesceTimeout};
+use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
+use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl, Interrupts, QuiesceTimeout};
 
 use crate::device::Device;
 use crate::engine::Engine;
@@ -27,12 +27,6 @@ use crate::vram::Vram;
 /// transport owns the device.
 #[derive(Clone)]
 pub struct GpuControl(Arc<Device>);
-
-impl std::fmt::Debug for GpuControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuControl").finish_non_exhaustive()
-    }
-}
 
 impl GpuControl {
     /// The counters now.
@@ -49,82 +43,59 @@ impl GpuControl {
         Ok(id)
     }
 
-    /// Disarms every injection, VRAM error ranges included.
-    pub fn clear(&self) {
-        self.0.faults().clear();
-        tracing::info!("faults cleared");
-    }
-
     /// The armed injections and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
         self.0.faults().report()
-    }
-
-    /// Every BAR0 register by name, as the guest would read it now (the
-    /// write-only DOORBELL left out).
-    pub fn registers(&self) -> Vec<(&'static str, u64)> {
-        let vram_size = self.0.vram.size();
-        let regs = self.0.lock();
-        register_values::<Reg>(|reg| regs.read(reg, vram_size))
-    }
-
-    /// What a function-level reset does (see [`Gpu::reset`]).
-    pub fn reset(&self) -> Result<(), QuiesceTimeout> {
-        self.0.trace.record(
-            "reset",
-            || serde_json::json!({"name": "control-socket reset", "injected": true}),
-        );
-        reset_device(&self.0)
-    }
-
-    /// The device's trace recorder (off until switched on).
-    pub fn tracer(&self) -> &p2plab_trace::Tracer {
-        &self.0.trace
     }
 }
 
 impl DeviceControl for GpuControl {
     /// The counters, VRAM's size and the host memory it holds, flat.
     fn counters(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self.stats()).unwrap_or_default();
-        if let Some(object) = value.as_object_mut() {
-            let vram = &self.0.vram;
-            object.insert("vram_size".into(), vram.size().into());
-            let allocated = vram.allocated_bytes().unwrap_or(0);
-            object.insert("vram_allocated_bytes".into(), allocated.into());
-        }
-        value
+        let vram = &self.0.vram;
+        let allocated = vram.allocated_bytes().unwrap_or(0);
+        counters_with(
+            self.stats(),
+            &[
+                ("vram_size", vram.size()),
+                ("vram_allocated_bytes", allocated),
+            ],
+        )
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        let spec: GpuFaultSpec = spec
-            .parse()
-            .map_err(|e: p2plab_fault::SpecError| e.to_string())?;
-        let id = GpuControl::inject(self, spec)?;
-        Ok(Armed {
-            id,
-            spec: spec.to_string(),
-        })
+        arm_spec(spec, |spec| GpuControl::inject(self, spec))
     }
 
+    /// Disarms every injection, VRAM error ranges included.
     fn clear(&self) {
-        GpuControl::clear(self)
+        self.0.faults().clear();
+        tracing::info!("faults cleared");
     }
 
+    /// What a function-level reset does (see [`Gpu::reset`]).
     fn reset(&self) -> Result<(), String> {
-        GpuControl::reset(self).map_err(|e| e.to_string())
+        self.0.trace.record(
+            "reset",
+            || serde_json::json!({"name": "control-socket reset", "injected": true}),
+        );
+        reset_device(&self.0).map_err(|e| e.to_string())
     }
 
     fn fault_report(&self) -> serde_json::Value {
         serde_json::to_value(self.report()).unwrap_or_default()
     }
 
+    /// Every BAR0 register by name, as the guest would read it now (the
+    /// write-only DOORBELL left out).
     fn registers(&self) -> Option<Vec<(&'static str, u64)>> {
-        Some(GpuControl::registers(self))
+        let vram_size = self.0.vram.size();
+        let regs = self.0.lock();
+        Some(register_values::<Reg>(|reg| regs.read(reg, vram_size)))
     }
 
     fn tracer(&self) -> &p2plab_trace::Tracer {
-        GpuControl::tracer(self)
+        &self.0.trace
     }
 }
 
@@ -215,7 +186,7 @@ impl Gpu {
 
     /// Arms a fault injection (see [`GpuControl::inject`]).
     pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
-        self.control().inject(spec)
+        GpuControl::inject(&self.control(), spec)
     }
 
     /// A trapped BAR0 read of any size; reads have no side effects, so a
@@ -233,14 +204,8 @@ impl Gpu {
     /// qword writes (low dword first) are supported; anything else is
     /// ignored and counted, as a real device would drop it.
     pub fn regs_write(&self, offset: u64, data: &[u8]) {
-        let Some((dwords, count)) = write_dwords(offset, data, 8) else {
-            // Guest-triggered, so debug: a guest must not flood the log.
-            tracing::debug!(
-                offset,
-                len = data.len(),
-                "unsupported register write ignored"
-            );
-            Stats::add(&self.device.stats.bad_register_accesses, 1);
+        let refused = &self.device.stats.bad_register_accesses;
+        let Some((dwords, count)) = accepted_write_dwords(offset, data, 8, refused) else {
             return;
         };
         let vram_size = self.device.vram.size();

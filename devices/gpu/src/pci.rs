@@ -5,10 +5,10 @@ use std::io;
 use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
-use p2plab_kit::{DeviceControl, LateInterrupts, PeerBar, PlacementHook, ServedDevice};
+use p2plab_kit::pci::pcie_endpoint;
+use p2plab_kit::{DeviceControl, LateInterrupts, PciIds, PeerBar, PlacementHook, ServedDevice};
 use p2plab_pci::{
-    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, LinkSpeed,
-    MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, LinkSpeed, PciFunction, PciModel,
 };
 use p2plab_vfio_user::{DeviceError, DmaSpace, LocalMemory, LocalWindowId};
 
@@ -25,53 +25,16 @@ pub enum GpuError {
     Thread(#[source] io::Error),
 }
 
-/// The PCI identity of the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuIds {
-    pub vendor_id: u16,
-    pub device_id: u16,
-    pub subsystem_vendor_id: u16,
-    pub subsystem_id: u16,
-}
-
-impl Default for GpuIds {
-    fn default() -> Self {
-        Self {
-            vendor_id: DEFAULT_VENDOR_ID,
-            device_id: DEFAULT_DEVICE_ID,
-            subsystem_vendor_id: DEFAULT_VENDOR_ID,
-            subsystem_id: DEFAULT_DEVICE_ID,
-        }
-    }
-}
-
 /// Config space: class 0x0302, BAR0 registers, BAR2 VRAM (64-bit
 /// prefetchable), BAR4 MSI-X, Power Management, MSI-X and a PCIe endpoint
 /// capability that looks like a Gen4 x16 card.
-pub fn config_space(ids: &GpuIds, vram_size: u64) -> Result<ConfigSpace, BuildError> {
-    ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
-        .subsystem(ids.subsystem_vendor_id, ids.subsystem_id)
-        .class_code(CLASS_CODE.base, CLASS_CODE.sub, CLASS_CODE.prog_if)
-        .revision(REVISION_ID)
+pub fn config_space(ids: &PciIds, vram_size: u64) -> Result<ConfigSpace, BuildError> {
+    let vram = BarSpec::memory64(vram_size).prefetchable();
+    MSIX.add_to(ids.config_space(CLASS_CODE))
         .bar(usize::from(REGS_BAR), BarSpec::memory32(REGS_BAR_SIZE))
-        .bar(
-            usize::from(VRAM_BAR),
-            BarSpec::memory64(vram_size).prefetchable(),
-        )
-        .bar(usize::from(MSIX_BAR), BarSpec::memory32(MSIX_BAR_SIZE))
+        .bar(usize::from(VRAM_BAR), vram)
         .power_management()
-        .msix(MsixCapSpec {
-            vectors: MSIX_VECTORS,
-            table_bar: MSIX_BAR,
-            table_offset: MSIX_TABLE_OFFSET,
-            pba_bar: MSIX_BAR,
-            pba_offset: MSIX_PBA_OFFSET,
-        })
-        .pcie(PcieCapSpec {
-            link_speed: LinkSpeed::Gen4,
-            link_width: 16,
-            max_payload_size: 256,
-        })
+        .pcie(pcie_endpoint(LinkSpeed::Gen4, 16))
         .build()
 }
 
@@ -170,7 +133,7 @@ impl GpuFunction {
 /// Builds the whole PCI function around `vram`; the engine reaches guest
 /// memory through `memory`.
 pub fn gpu_function(
-    ids: &GpuIds,
+    ids: &PciIds,
     vram: Vram,
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<GpuFunction>, GpuError> {

@@ -11,38 +11,14 @@ use p2plab_kit::bit_flags;
 
 // ---- PCI identity ----
 
-/// Default PCI vendor ID. 0x5032 ("P2") is not assigned in pci.ids, so no
-/// in-tree Linux driver claims it; only our guest driver binds to it.
-pub const DEFAULT_VENDOR_ID: u16 = 0x5032;
-/// Default PCI device ID ("GP").
-pub const DEFAULT_DEVICE_ID: u16 = 0x4750;
-/// PCI revision ID.
-pub const REVISION_ID: u8 = 1;
+pub use p2plab_kit::{ClassCode, MsixBar, PciIds};
 
-/// The three bytes of a PCI class code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClassCode {
-    /// Base class (0x03: display controller).
-    pub base: u8,
-    /// Sub-class (0x02: 3D controller).
-    pub sub: u8,
-    /// Programming interface.
-    pub prog_if: u8,
-}
-
-impl ClassCode {
-    /// As config space holds it in bits 31:8 of dword 2, shifted down.
-    pub const fn as_u24(self) -> u32 {
-        (self.base as u32) << 16 | (self.sub as u32) << 8 | self.prog_if as u32
-    }
-}
+/// The identity without flags: p2plab's vendor ID, device ID "GP",
+/// revision 1.
+pub const DEFAULT_IDS: PciIds = PciIds::new(p2plab_kit::P2PLAB_VENDOR_ID, 0x4750);
 
 /// Display controller, 3D controller, prog-if 0.
-pub const CLASS_CODE: ClassCode = ClassCode {
-    base: 0x03,
-    sub: 0x02,
-    prog_if: 0x00,
-};
+pub const CLASS_CODE: ClassCode = ClassCode::new(0x03, 0x02, 0x00);
 
 // ---- BARs ----
 
@@ -52,16 +28,10 @@ pub const REGS_BAR: u8 = 0;
 pub const REGS_BAR_SIZE: u64 = 4096;
 /// BAR2: VRAM, 64-bit prefetchable memory, mapped by QEMU from our memfd.
 pub const VRAM_BAR: u8 = 2;
-/// BAR4: MSI-X table and PBA (owned by the PCI layer, not by this model).
-pub const MSIX_BAR: u8 = 4;
-/// Size of BAR4.
-pub const MSIX_BAR_SIZE: u64 = 4096;
-/// Where the MSI-X table starts in BAR4.
-pub const MSIX_TABLE_OFFSET: u32 = 0;
-/// Where the MSI-X Pending Bit Array starts in BAR4.
-pub const MSIX_PBA_OFFSET: u32 = 2048;
-/// One vector signals every engine interrupt cause (see [`IntCauses`]).
-pub const MSIX_VECTORS: u16 = 1;
+/// BAR4: the MSI-X table and PBA (owned by the PCI layer, not by this
+/// model), with one vector for every engine interrupt cause (see
+/// [`IntCauses`]).
+pub const MSIX: MsixBar = MsixBar { bar: 4, vectors: 1 };
 /// The vector the engine signals.
 pub const ENGINE_VECTOR: u16 = 0;
 

@@ -15,7 +15,7 @@ use p2plab_gpu::engine::opcodes::op;
 use p2plab_gpu::pci::config_space;
 use p2plab_gpu::regs::*;
 use p2plab_gpu::status::StatusCode;
-use p2plab_gpu::{gpu_function, GpuIds, Vram};
+use p2plab_gpu::{gpu_function, Vram, DEFAULT_IDS};
 use p2plab_vfio_user::vfio_abi::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
@@ -133,7 +133,7 @@ impl Guest {
 #[test]
 fn client_drives_the_engine_through_the_server() {
     let path = socket_path("gpu.sock");
-    let ids = GpuIds::default();
+    let ids = DEFAULT_IDS;
     let dma = DmaSpace::new();
     let mut function =
         gpu_function(&ids, Vram::new(VRAM_SIZE).unwrap(), Arc::new(dma.clone())).unwrap();
@@ -193,7 +193,7 @@ fn client_drives_the_engine_through_the_server() {
     guest
         .client
         .region_write(
-            MSIX_BAR.into(),
+            MSIX.bar.into(),
             MSIX_ENTRY_VECTOR_CONTROL,
             &0u32.to_le_bytes(),
         )

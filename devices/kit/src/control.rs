@@ -2,6 +2,10 @@
 //! `clear`, `reset`, `trace`): one trait a model implements, with no
 //! knowledge of the control socket; p2plab-server serves it.
 
+use std::fmt::Display;
+use std::str::FromStr;
+
+use serde::Serialize;
 use serde_json::Value;
 
 /// Where a server puts the transport's DMA-path counters (`dma_mmap_*`,
@@ -63,4 +67,63 @@ pub trait DeviceControl: Send + Sync + 'static {
 
     /// The device's decoded trace recorder.
     fn tracer(&self) -> &p2plab_trace::Tracer;
+}
+
+/// Parses `text` as a device's fault spec and arms it with `arm`; the
+/// answer carries the spec as the device understood it (canonical form).
+pub fn arm_spec<S>(text: &str, arm: impl FnOnce(S) -> Result<u64, String>) -> Result<Armed, String>
+where
+    S: FromStr + Display,
+    S::Err: Display,
+{
+    let spec: S = text.parse().map_err(|e: S::Err| e.to_string())?;
+    let canonical = spec.to_string();
+    let id = arm(spec)?;
+    Ok(Armed {
+        id,
+        spec: canonical,
+    })
+}
+
+/// A counters snapshot as one flat JSON object, with `extra` values
+/// (device state that is not a counter) beside them.
+pub fn counters_with(snapshot: impl Serialize, extra: &[(&str, u64)]) -> Value {
+    let mut value = serde_json::to_value(snapshot)
+        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+    if let Some(object) = value.as_object_mut() {
+        for &(name, number) in extra {
+            object.insert(name.into(), number.into());
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches: a spec armed in another form than the one reported, or a
+    /// parse error swallowed.
+    #[test]
+    fn specs_are_parsed_armed_and_reported_canonically() {
+        let armed = arm_spec(" 7 ", |n: u8| Ok(u64::from(n) * 2));
+        assert_eq!(armed.unwrap_err(), "invalid digit found in string");
+        let armed = arm_spec("7", |n: u8| Ok(u64::from(n) * 2)).unwrap();
+        assert_eq!(
+            armed,
+            Armed {
+                id: 14,
+                spec: "7".into()
+            }
+        );
+        let refused = arm_spec("7", |_: u8| Err("no".to_string()));
+        assert_eq!(refused.unwrap_err(), "no");
+    }
+
+    /// Catches: extra values that replace the object or get lost.
+    #[test]
+    fn counters_with_extra_values_stay_flat() {
+        let value = counters_with(serde_json::json!({"a": 1}), &[("b", 2)]);
+        assert_eq!(value, serde_json::json!({"a": 1, "b": 2}));
+    }
 }

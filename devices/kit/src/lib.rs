@@ -2,6 +2,8 @@
 //! crate for the seams all devices share, so a new device is a register
 //! table, a state machine and its engines, and nothing else:
 //!
+//! - [`PciIds`], [`ClassCode`], [`MsixBar`]: a device's identity and the
+//!   config-space parts every device shares.
 //! - [`Interrupts`]: how a model signals a vector, from any thread;
 //!   implemented once for the PCI layer's interrupt controller, with
 //!   [`LateInterrupts`] for a model built before its PCI function, and a
@@ -35,7 +37,7 @@
 //! interrupts                      Interrupts, LateInterrupts
 //! gate                            DmaGate, BoundMemory, Epoch
 //! served      -> control, placement   ServedDevice, PeerBar
-//! regs, counters, control, placement   (leaves)
+//! pci, regs, counters, control, placement   (leaves)
 //! ```
 
 #![deny(missing_docs)]
@@ -44,6 +46,7 @@ pub mod control;
 pub mod counters;
 pub mod gate;
 pub mod interrupts;
+pub mod pci;
 pub mod placement;
 pub mod regs;
 pub mod served;
@@ -51,9 +54,10 @@ pub mod served;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use control::{Armed, DeviceControl, StatsLayout};
+pub use control::{arm_spec, counters_with, Armed, DeviceControl, StatsLayout};
 pub use gate::{BoundMemory, DmaGate, Epoch, QuiesceTimeout, QUIESCE_TIMEOUT};
 pub use interrupts::{Interrupts, LateInterrupts};
+pub use pci::{ClassCode, MsixBar, PciIds, P2PLAB_VENDOR_ID};
 pub use placement::PlacementHook;
 pub use regs::{Half, RegisterMap};
 pub use served::{PeerBar, ServedDevice};

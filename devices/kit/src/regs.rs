@@ -365,6 +365,27 @@ pub fn write_dwords(
     }
 }
 
+/// [`write_dwords`] for a device that drops any other access as hardware
+/// does: the refused one is logged at debug level (a guest can trigger
+/// it at will) and counted in `refused`.
+pub fn accepted_write_dwords(
+    offset: u64,
+    data: &[u8],
+    qword_alignment: u64,
+    refused: &std::sync::atomic::AtomicU64,
+) -> Option<([(u64, u32); 2], usize)> {
+    let dwords = write_dwords(offset, data, qword_alignment);
+    if dwords.is_none() {
+        tracing::debug!(
+            offset,
+            len = data.len(),
+            "unsupported register write ignored"
+        );
+        refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    dwords
+}
+
 /// A trapped read of any size and alignment, assembled from the
 /// dword-aligned dwords `dword_at` returns; bytes at or past `size` (the
 /// BAR's end) read 0xff.

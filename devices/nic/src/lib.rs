@@ -23,6 +23,8 @@ pub mod stats;
 pub mod wire;
 
 pub use model::{Nic, NicControl};
-pub use pci::{nic_function, NicError, NicFunction, NicIds};
+pub use p2plab_kit::PciIds;
+pub use pci::{nic_function, NicError, NicFunction};
+pub use regs::DEFAULT_IDS;
 pub use stats::{Stats, StatsSnapshot};
 pub use wire::{Wire, WireConfig};

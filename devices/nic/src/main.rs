@@ -12,8 +12,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
-use p2plab_nic::{nic_function, NicIds, Wire, WireConfig};
-use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_nic::{nic_function, Wire, WireConfig, DEFAULT_IDS};
+use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
@@ -42,9 +42,9 @@ struct Args {
     /// Largest frame in bytes, 256..=1048576.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MTU, value_parser = parse_mtu)]
     mtu: u32,
-    /// PCI device ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x4e49", value_parser = parse_pci_id)]
-    device_id: u16,
+    /// PCI identity (default 5032:4e49).
+    #[command(flatten)]
+    ids: PciIdArgs,
     /// Arm a wire fault from the start (repeatable), as `p2plab-ctl
     /// inject` takes it: `drop,count=1`, `delay=5ms`, `corrupt,prob=0.1`,
     /// `drop-irq,count=1`.
@@ -62,11 +62,6 @@ fn parse_mtu(text: &str) -> Result<u32, String> {
     Ok(mtu)
 }
 
-fn parse_pci_id(text: &str) -> Result<u16, String> {
-    let digits = text.strip_prefix("0x").unwrap_or(text);
-    u16::from_str_radix(digits, 16).map_err(|_| format!("{text:?} is not a 16-bit hex ID"))
-}
-
 fn parse_fault(text: &str) -> Result<NicFaultSpec, String> {
     text.parse()
         .map_err(|e: p2plab_fault::SpecError| e.to_string())
@@ -78,10 +73,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
-    let ids = NicIds {
-        device_id: args.device_id,
-        ..NicIds::default()
-    };
+    let ids = args.ids.ids(DEFAULT_IDS);
     let wire = Wire::open(&args.wire).with_context(|| format!("--wire {:?}", args.wire))?;
     // The NIC has no memory BAR to share; with the peer path on it DMAs
     // straight into other servers' BARs (GPU VRAM, an NVMe CMB).

@@ -21,8 +21,10 @@ use std::time::Duration;
 
 use p2plab_dma::{BusTarget, DmaFault, DmaFaultKind, GuestMemory};
 use p2plab_fault::{ArmedReport, NicFaultSpec, NicInjector};
-use p2plab_kit::regs::{read_bytes, register_values, write_dwords};
-use p2plab_kit::{Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout};
+use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
+use p2plab_kit::{
+    arm_spec, counters_with, Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout,
+};
 
 use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
 use crate::regs::*;
@@ -518,12 +520,6 @@ fn rx_engine(device: &Device) {
 #[derive(Clone)]
 pub struct NicControl(Arc<Device>);
 
-impl std::fmt::Debug for NicControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NicControl").finish_non_exhaustive()
-    }
-}
-
 impl NicControl {
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
@@ -537,79 +533,53 @@ impl NicControl {
         id
     }
 
-    /// Disarms every wire fault.
-    pub fn clear(&self) {
-        self.0.faults().clear();
-    }
-
     /// The armed faults and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
         self.0.faults().report()
-    }
-
-    /// What a function-level reset does (see [`Nic::reset`]).
-    pub fn reset(&self) -> Result<(), QuiesceTimeout> {
-        reset_device(&self.0)
     }
 
     /// Whether the wire has a peer.
     pub fn link_up(&self) -> bool {
         self.0.wire.link_up()
     }
-
-    /// The readable BAR0 registers by name (the write-only doorbells
-    /// left out), as the guest would read them now.
-    pub fn registers(&self) -> Vec<(&'static str, u64)> {
-        let link = self.0.wire.link_up();
-        let regs = self.0.lock();
-        register_values::<Reg>(|reg| read_register(&self.0, &regs, link, reg))
-    }
-
-    /// The device's trace recorder.
-    pub fn tracer(&self) -> &p2plab_trace::Tracer {
-        &self.0.trace
-    }
 }
 
 impl DeviceControl for NicControl {
     /// The counters and whether the wire has a peer, flat.
     fn counters(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self.stats()).unwrap_or_default();
-        if let Some(object) = value.as_object_mut() {
-            object.insert("link_up".into(), u64::from(self.link_up()).into());
-        }
-        value
+        counters_with(self.stats(), &[("link_up", self.link_up().into())])
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        let spec: NicFaultSpec = spec
-            .parse()
-            .map_err(|e: p2plab_fault::SpecError| e.to_string())?;
-        let id = NicControl::inject(self, spec);
-        Ok(Armed {
-            id,
-            spec: spec.to_string(),
-        })
+        arm_spec(spec, |spec| Ok(NicControl::inject(self, spec)))
     }
 
+    /// Disarms every wire fault.
     fn clear(&self) {
-        NicControl::clear(self)
+        self.0.faults().clear();
     }
 
+    /// What a function-level reset does (see [`Nic::reset`]).
     fn reset(&self) -> Result<(), String> {
-        NicControl::reset(self).map_err(|e| e.to_string())
+        reset_device(&self.0).map_err(|e| e.to_string())
+    }
+
+    /// The readable BAR0 registers by name (the write-only doorbells
+    /// left out), as the guest would read them now.
+    fn registers(&self) -> Option<Vec<(&'static str, u64)>> {
+        let link = self.link_up();
+        let regs = self.0.lock();
+        Some(register_values::<Reg>(|reg| {
+            read_register(&self.0, &regs, link, reg)
+        }))
+    }
+
+    fn tracer(&self) -> &p2plab_trace::Tracer {
+        &self.0.trace
     }
 
     fn fault_report(&self) -> serde_json::Value {
         serde_json::to_value(self.report()).unwrap_or_default()
-    }
-
-    fn registers(&self) -> Option<Vec<(&'static str, u64)>> {
-        Some(NicControl::registers(self))
-    }
-
-    fn tracer(&self) -> &p2plab_trace::Tracer {
-        NicControl::tracer(self)
     }
 }
 
@@ -690,13 +660,8 @@ impl Nic {
     /// A trapped BAR0 write: aligned dwords, or aligned qwords (low dword
     /// first). Anything else is ignored and counted.
     pub fn regs_write(&self, offset: u64, data: &[u8]) {
-        let Some((dwords, count)) = write_dwords(offset, data, 8) else {
-            tracing::debug!(
-                offset,
-                len = data.len(),
-                "unsupported register write ignored"
-            );
-            Stats::add(&self.device.stats.bad_register_accesses, 1);
+        let refused = &self.device.stats.bad_register_accesses;
+        let Some((dwords, count)) = accepted_write_dwords(offset, data, 8, refused) else {
             return;
         };
         let mut notify = false;

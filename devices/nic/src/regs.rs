@@ -7,30 +7,21 @@
 //! are declared with p2plab-kit's `registers!` and `bit_flags!`, named as
 //! in the header after `NIC_REG_`, `NIC_STATUS_`...
 
-/// PCI vendor ID (shared with the other p2plab devices, unassigned in
-/// pci.ids, so no in-tree driver claims it).
-pub const DEFAULT_VENDOR_ID: u16 = 0x5032;
-/// PCI device ID ("NI").
-pub const DEFAULT_DEVICE_ID: u16 = 0x4e49;
-/// PCI revision ID.
-pub const REVISION_ID: u8 = 1;
-/// Network controller, Ethernet, prog-if 0 (base, sub, prog-if).
-pub const CLASS_CODE: (u8, u8, u8) = (0x02, 0x00, 0x00);
+pub use p2plab_kit::{ClassCode, MsixBar, PciIds};
+
+/// The identity without flags: p2plab's vendor ID (shared by its
+/// devices), device ID "NI", revision 1.
+pub const DEFAULT_IDS: PciIds = PciIds::new(p2plab_kit::P2PLAB_VENDOR_ID, 0x4e49);
+/// Network controller, Ethernet, prog-if 0.
+pub const CLASS_CODE: ClassCode = ClassCode::new(0x02, 0x00, 0x00);
 
 /// BAR0: trapped control registers, 32-bit memory.
 pub const REGS_BAR: u8 = 0;
 /// Size of BAR0.
 pub const REGS_BAR_SIZE: u64 = 4096;
-/// BAR4: MSI-X table and PBA (owned by the PCI layer).
-pub const MSIX_BAR: u8 = 4;
-/// Size of BAR4.
-pub const MSIX_BAR_SIZE: u64 = 4096;
-/// Where the MSI-X table starts in BAR4.
-pub const MSIX_TABLE_OFFSET: u32 = 0;
-/// Where the MSI-X Pending Bit Array starts in BAR4.
-pub const MSIX_PBA_OFFSET: u32 = 2048;
-/// One vector for every cause (INT_STATUS says which).
-pub const MSIX_VECTORS: u16 = 1;
+/// BAR4: the MSI-X table and PBA (owned by the PCI layer), with one
+/// vector for every cause (INT_STATUS says which).
+pub const MSIX: MsixBar = MsixBar { bar: 4, vectors: 1 };
 /// The vector both engines signal.
 pub const NIC_VECTOR: u16 = 0;
 

@@ -20,11 +20,11 @@ fn rust_defines() -> BTreeMap<String, u64> {
         );
     };
     for (name, value) in [
-        ("P2PLAB_NIC_VENDOR_ID", u64::from(DEFAULT_VENDOR_ID)),
-        ("P2PLAB_NIC_DEVICE_ID", DEFAULT_DEVICE_ID.into()),
+        ("P2PLAB_NIC_VENDOR_ID", DEFAULT_IDS.vendor_id.into()),
+        ("P2PLAB_NIC_DEVICE_ID", DEFAULT_IDS.device_id.into()),
         ("P2PLAB_NIC_REGS_BAR", REGS_BAR.into()),
         ("P2PLAB_NIC_REGS_BAR_SIZE", REGS_BAR_SIZE),
-        ("P2PLAB_NIC_MSIX_BAR", MSIX_BAR.into()),
+        ("P2PLAB_NIC_MSIX_BAR", MSIX.bar.into()),
         ("P2PLAB_NIC_ID_MAGIC", ID_MAGIC.into()),
         ("P2PLAB_NIC_VERSION_MAJOR", VERSION_MAJOR.into()),
         ("P2PLAB_NIC_MIN_RING_ENTRIES", MIN_RING_ENTRIES.into()),

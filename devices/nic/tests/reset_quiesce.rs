@@ -11,7 +11,7 @@ use p2plab_dma::GuestMemory;
 use p2plab_nic::descriptor::encode;
 use p2plab_nic::regs::*;
 use p2plab_nic::wire::Frame;
-use p2plab_nic::{nic_function, NicFunction, NicIds, Wire};
+use p2plab_nic::{nic_function, NicFunction, Wire, DEFAULT_IDS};
 use p2plab_pci::PciFunction;
 use p2plab_vfio_user::Device;
 
@@ -78,7 +78,7 @@ fn a_frame_after_reset_lands_nowhere() {
     let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, 1 << 20));
     let (ours, theirs) = Wire::pair();
     let mut f = nic_function(
-        &NicIds::default(),
+        &DEFAULT_IDS,
         ours,
         DEFAULT_MTU,
         ram.clone() as Arc<dyn GuestMemory>,

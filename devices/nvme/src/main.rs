@@ -14,9 +14,9 @@ use p2plab_dma::RegionMemory;
 use p2plab_nvme::fault::FaultSpec;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::{parse_size, Caching};
-use p2plab_nvme::server::{nvme_function, PciIds};
+use p2plab_nvme::server::{nvme_function, DEFAULT_IDS};
 use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec};
-use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
@@ -90,21 +90,10 @@ struct Args {
     #[arg(long, value_name = "SPEC")]
     pmr: Option<PmrSpec>,
 
-    /// PCI vendor ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x1b36", value_parser = parse_pci_id)]
-    vendor_id: u16,
-
-    /// PCI device ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x00fe", value_parser = parse_pci_id)]
-    device_id: u16,
-
-    /// PCI subsystem vendor ID (hex); defaults to the vendor ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_vendor_id: Option<u16>,
-
-    /// PCI subsystem ID (hex); defaults to the device ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_id: Option<u16>,
+    /// PCI identity (default 1b36:00fe); Identify's VID and SSVID follow
+    /// the vendor IDs.
+    #[command(flatten)]
+    ids: PciIdArgs,
 
     /// Serial number (up to 20 ASCII characters). Namespace EUI64, NGUID
     /// and UUID derive from it. Default: derived from the socket file name
@@ -155,15 +144,6 @@ fn parse_cmb_size(text: &str) -> Result<u64, String> {
     }
 }
 
-fn parse_pci_id(text: &str) -> Result<u16, String> {
-    let t = text.trim();
-    let hex = t
-        .strip_prefix("0x")
-        .or_else(|| t.strip_prefix("0X"))
-        .unwrap_or(t);
-    u16::from_str_radix(hex, 16).map_err(|_| format!("{text:?} is not a 16-bit hex ID"))
-}
-
 /// The option a configuration field comes from.
 fn option_for(field: &str) -> &'static str {
     match field {
@@ -212,12 +192,13 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         }
         None => None,
     };
+    let ids = args.ids.ids(DEFAULT_IDS);
     let config = ControllerConfig {
         serial: args.serial.clone().unwrap_or_else(|| default_serial(args)),
         model: args.model.clone(),
         firmware: args.firmware.clone(),
-        pci_vendor_id: args.vendor_id,
-        pci_subsystem_vendor_id: args.subsystem_vendor_id.unwrap_or(args.vendor_id),
+        pci_vendor_id: ids.vendor_id,
+        pci_subsystem_vendor_id: ids.subsystem_vendor_id,
         max_io_queues: args.queues,
         max_queue_entries: args.queue_entries,
         mdts: args.mdts,
@@ -228,13 +209,6 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     config
         .validate()
         .map_err(|e| anyhow!("{}: {}", option_for(e.field), e.message))?;
-    let ids = PciIds {
-        vendor_id: args.vendor_id,
-        device_id: args.device_id,
-        subsystem_vendor_id: args.subsystem_vendor_id.unwrap_or(args.vendor_id),
-        subsystem_id: args.subsystem_id.unwrap_or(args.device_id),
-        ..PciIds::default()
-    };
     let mut namespaces = Vec::new();
     for (i, spec) in args.namespaces.iter().enumerate() {
         let nsid = i as u32 + 1;

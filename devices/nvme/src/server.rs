@@ -17,11 +17,12 @@ use std::sync::Arc;
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory, SharedRegion};
 use p2plab_fault::FaultSpec;
 use p2plab_kit::{
-    Armed, DeviceControl, DmaGate, Interrupts, PeerBar, PlacementHook, ServedDevice, StatsLayout,
+    arm_spec, Armed, ClassCode, DeviceControl, DmaGate, Interrupts, PeerBar, PlacementHook,
+    ServedDevice, StatsLayout,
 };
 use p2plab_pci::{
-    BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
-    MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarBacking, BarSpec, ConfigChange, ConfigSpace, InterruptController, MsixCapSpec, PciFunction,
+    PciModel, PcieCapSpec,
 };
 use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory};
 use tracing::{debug, info};
@@ -32,30 +33,15 @@ pub use crate::controller::{CMB_BAR, PMR_BAR};
 use crate::memory::FileRegion;
 use crate::namespace::Namespace;
 
-/// PCI identity of the function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PciIds {
-    pub vendor_id: u16,
-    pub device_id: u16,
-    pub subsystem_vendor_id: u16,
-    pub subsystem_id: u16,
-    pub revision: u8,
-}
+pub use p2plab_kit::PciIds;
 
-impl Default for PciIds {
-    /// Red Hat's (QEMU's) vendor ID with a device ID of our own: Linux
-    /// keys quirks on 1b36:0010 (QEMU's nvme), which must not apply here.
-    /// The nvme driver binds by class code.
-    fn default() -> Self {
-        Self {
-            vendor_id: 0x1b36,
-            device_id: 0x00fe,
-            subsystem_vendor_id: 0x1b36,
-            subsystem_id: 0x00fe,
-            revision: 1,
-        }
-    }
-}
+/// Red Hat's (QEMU's) vendor ID with a device ID of our own: Linux keys
+/// quirks on 1b36:0010 (QEMU's nvme), which must not apply here. The nvme
+/// driver binds by class code.
+pub const DEFAULT_IDS: PciIds = PciIds::new(0x1b36, 0x00fe);
+
+/// Mass storage, Non-Volatile Memory controller, NVM Express.
+pub const CLASS_CODE: ClassCode = ClassCode::new(0x01, 0x08, 0x02);
 
 /// The NVMe controller as a [`PciModel`].
 pub struct NvmeFunction {
@@ -230,14 +216,7 @@ impl DeviceControl for NvmeControl {
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        let spec: FaultSpec = spec
-            .parse()
-            .map_err(|e: p2plab_fault::SpecError| e.to_string())?;
-        let id = self.0.inject(spec);
-        Ok(Armed {
-            id,
-            spec: spec.to_string(),
-        })
+        arm_spec(spec, |spec: FaultSpec| Ok(self.0.inject(spec)))
     }
 
     fn clear(&self) {
@@ -262,10 +241,8 @@ impl DeviceControl for NvmeControl {
 /// prefetchable), PM, MSI-X with one vector per queue pair, PCIe endpoint.
 pub fn config_space(cfg: &ControllerConfig, ids: &PciIds) -> Result<ConfigSpace, String> {
     let layout = cfg.bar0_layout();
-    let mut builder = ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
-        .subsystem(ids.subsystem_vendor_id, ids.subsystem_id)
-        .class_code(0x01, 0x08, 0x02)
-        .revision(ids.revision)
+    let mut builder = ids
+        .config_space(CLASS_CODE)
         .bar(0, BarSpec::memory64(layout.size))
         .power_management()
         .msix(MsixCapSpec {
@@ -366,7 +343,7 @@ mod tests {
     #[test]
     fn config_space_describes_an_nvme_function_with_a_cmb() {
         let cfg = ControllerConfig::default();
-        let f = nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
+        let f = nvme_function(cfg, &DEFAULT_IDS, Vec::new(), None, DmaSpace::new()).unwrap();
         let c = f.config();
         assert_eq!(c.read_u32(0x08).unwrap() >> 8, 0x01_08_02, "class code");
         assert_eq!(c.bar_size(0), Some(16 << 10));
@@ -395,14 +372,8 @@ mod tests {
             pmr_size: 1 << 20,
             ..ControllerConfig::default()
         };
-        let mut f = nvme_function(
-            cfg,
-            &PciIds::default(),
-            Vec::new(),
-            Some(region),
-            DmaSpace::new(),
-        )
-        .unwrap();
+        let mut f =
+            nvme_function(cfg, &DEFAULT_IDS, Vec::new(), Some(region), DmaSpace::new()).unwrap();
         assert_eq!(f.config().bar_size(4), Some(1 << 20));
         // Catches a PMR handed to the client as a writable fd of its file.
         assert!(
@@ -422,14 +393,8 @@ mod tests {
             pmr_size: 1 << 20,
             ..ControllerConfig::default()
         };
-        let mut f = nvme_function(
-            cfg,
-            &PciIds::default(),
-            Vec::new(),
-            Some(region),
-            DmaSpace::new(),
-        )
-        .unwrap();
+        let mut f =
+            nvme_function(cfg, &DEFAULT_IDS, Vec::new(), Some(region), DmaSpace::new()).unwrap();
         let mut back = [0u8; 4];
         f.region_read(4, 0x100, &mut back).unwrap();
         assert_eq!(&back, b"pmr!");
@@ -506,7 +471,7 @@ mod tests {
         };
         let mut f = nvme_function_on(
             cfg,
-            &PciIds::default(),
+            &DEFAULT_IDS,
             Vec::new(),
             None,
             ram.clone() as Arc<dyn GuestMemory>,
@@ -548,8 +513,7 @@ mod tests {
             cmb_size: 6 << 20,
             ..ControllerConfig::default()
         };
-        let mut f =
-            nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
+        let mut f = nvme_function(cfg, &DEFAULT_IDS, Vec::new(), None, DmaSpace::new()).unwrap();
         let mut vs = [0u8; 4];
         f.region_read(0, 0x08, &mut vs).unwrap();
         assert_eq!(u32::from_le_bytes(vs), 0x0001_0400);

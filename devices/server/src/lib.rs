@@ -56,6 +56,7 @@ pub mod control;
 mod counters;
 pub mod device;
 mod logging;
+mod pci_ids;
 mod process;
 mod serve;
 mod signals;
@@ -69,6 +70,7 @@ pub use logging::init_logging;
 /// Rate-limited logging for anything a client or guest can trigger at will
 /// (see [`p2plab_vfio_user::ratelimit`]).
 pub use p2plab_vfio_user::log_limited;
+pub use pci_ids::{parse_pci_id, PciIdArgs};
 pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
 pub use serve::serve_device;
 pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};

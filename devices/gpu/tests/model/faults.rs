@@ -7,6 +7,8 @@
 //! whose cause is not latched for a polling driver; a VRAM error that
 //! fails jobs outside its range or is not reported in VRAM_ERR_*.
 
+use p2plab_kit::DeviceControl;
+
 use crate::rig::*;
 use p2plab_gpu::GpuFaultSpec;
 
@@ -124,7 +126,7 @@ fn vram_error_fails_reads_of_its_range_only_and_is_reported() {
     assert_eq!(rig.read32(Reg::VramErrCount), 2);
     // Writes into it are not reads: they run.
     assert_eq!(rig.run(fill_cmd(0x3000, 0x1000, 5)).status, 0);
-    let registers = rig.gpu.control().registers();
+    let registers = rig.gpu.control().registers().unwrap();
     let reg = |name: &str| registers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     assert_eq!(reg("VRAM_ERR_COUNT"), Some(2));
     assert_eq!(reg("VRAM_ERR_ADDR"), Some(0x3800));
