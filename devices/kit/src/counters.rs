@@ -1,5 +1,5 @@
 //! Counters a tester reads from the host side to see what a device
-//! really did: [`counters!`](crate::counters) declares the live atomics
+//! really did: [`counters!`](macro@crate::counters) declares the live atomics
 //! and a plain snapshot that serializes (serde) as one flat JSON object,
 //! each counter under its own name.
 

@@ -16,7 +16,8 @@
 //!   register map and its bits, named as in the C header; [`regs::Half`]
 //!   for 64-bit registers split in dwords; [`regs::write_dwords`] and
 //!   [`regs::read_bytes`] for trapped accesses.
-//! - [`counters!`]: live atomic counters and a serde snapshot.
+//! - [`counters!`](macro@crate::counters): live atomic counters and a
+//!   serde snapshot.
 //! - [`DeviceControl`]: the control verbs (status, inject, clear, reset,
 //!   registers, faults, trace), served by p2plab-server's control socket.
 //! - [`ServedDevice`]: what p2plab-server's generic wiring needs from a
@@ -62,5 +63,6 @@ pub use placement::PlacementHook;
 pub use regs::{Half, RegisterMap};
 pub use served::{PeerBar, ServedDevice};
 
-/// For [`counters!`]: the serde the snapshots serialize with.
+/// For [`counters!`](macro@crate::counters): the serde the snapshots
+/// serialize with.
 pub use serde;

@@ -112,7 +112,7 @@ pub struct Descriptor {
     pub addr: u64,
     /// TX: frame length; RX: buffer capacity.
     pub len: u32,
-    /// [`DescFlags`](crate::regs::DescFlags) bits.
+    /// [`DescFlags`] bits.
     pub flags: u16,
 }
 
@@ -120,7 +120,7 @@ pub struct Descriptor {
 /// TOO_LONG).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DescriptorError {
-    /// Flags without a name in [`DescFlags`](crate::regs::DescFlags).
+    /// Flags without a name in [`DescFlags`].
     UnknownFlags(u16),
     /// A zero length.
     Empty,
