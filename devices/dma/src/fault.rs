@@ -19,6 +19,9 @@ pub enum DmaFaultKind {
     Timeout,
     /// The device may not master the bus (PCI Command.BME is clear).
     BusMasterDisabled,
+    /// The device was reset after the work this access belongs to was
+    /// fetched: refused, so nothing of that work outlives the reset.
+    Reset,
     /// A fault injected on purpose (fault injection, not a real failure).
     Injected,
     /// The memory's backing store failed (an I/O error on a file region).
@@ -34,6 +37,7 @@ impl DmaFaultKind {
             DmaFaultKind::PeerUnreachable => "peer-unreachable",
             DmaFaultKind::Timeout => "timeout",
             DmaFaultKind::BusMasterDisabled => "bus-master-disabled",
+            DmaFaultKind::Reset => "reset",
             DmaFaultKind::Injected => "injected",
             DmaFaultKind::Io => "io",
         }

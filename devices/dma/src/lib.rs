@@ -7,8 +7,9 @@
 //! error), never a panic.
 //!
 //! This is the seam where cross-cutting behaviour plugs in by wrapping a
-//! `GuestMemory`: the bus-master-enable gate, fault injection, tracing and
-//! the zero-copy peer path. Test fakes ([`testing`], behind the `testing`
+//! `GuestMemory`: the bus-master-enable gate with its reset quiesce
+//! (p2plab-kit's `DmaGate`), fault injection, tracing and the zero-copy
+//! peer path. Test fakes ([`testing`], behind the `testing`
 //! feature) implement it once for every model.
 //!
 //! This crate is the bottom of the crate graph, as rust-vmm's vm-memory is
@@ -21,7 +22,6 @@
 
 mod access;
 mod fault;
-mod gate;
 mod region;
 
 #[cfg(any(test, feature = "testing"))]
@@ -29,7 +29,6 @@ pub mod testing;
 
 pub use access::Access;
 pub use fault::{DmaFault, DmaFaultKind};
-pub use gate::BusMasterGate;
 pub use region::{checked_range, HeapRegion, RegionMemory};
 
 use std::sync::Arc;

@@ -18,9 +18,10 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::GuestMemory;
+use p2plab_kit::Interrupts;
 use p2plab_nic::descriptor::encode;
 use p2plab_nic::regs::*;
-use p2plab_nic::{InterruptSink, Nic, Wire};
+use p2plab_nic::{Nic, Wire};
 
 const RAM: u64 = 0x1_0000_0000;
 const RAM_SIZE: u64 = 256 << 10;
@@ -31,7 +32,7 @@ const MAX_STEERED_LEN: u64 = 16 << 10;
 
 struct NoIrq;
 
-impl InterruptSink for NoIrq {
+impl Interrupts for NoIrq {
     fn notify(&self, _vector: u16) {}
 }
 
@@ -58,17 +59,17 @@ impl Bytes<'_> {
 }
 
 const REGS: &[u64] = &[
-    REG_CTRL,
-    REG_SCRATCH,
-    REG_TX_RING_BASE,
-    REG_TX_RING_SIZE,
-    REG_TX_DOORBELL,
-    REG_RX_RING_BASE,
-    REG_RX_RING_SIZE,
-    REG_RX_DOORBELL,
-    REG_INT_STATUS,
-    REG_INT_MASK,
-    REG_ID,
+    reg::CTRL,
+    reg::SCRATCH,
+    reg::TX_RING_BASE,
+    reg::TX_RING_SIZE,
+    reg::TX_DOORBELL,
+    reg::RX_RING_BASE,
+    reg::RX_RING_SIZE,
+    reg::RX_DOORBELL,
+    reg::INT_STATUS,
+    reg::INT_MASK,
+    reg::ID,
     0xffc,
 ];
 
@@ -99,12 +100,15 @@ fuzz_target!(|data: &[u8]| {
             }
             // Sane rings, both engines on.
             2 => {
-                nic.regs_write(REG_TX_RING_BASE, &TX_RING.to_le_bytes());
-                nic.regs_write(REG_TX_RING_SIZE, &16u32.to_le_bytes());
-                nic.regs_write(REG_RX_RING_BASE, &RX_RING.to_le_bytes());
-                nic.regs_write(REG_RX_RING_SIZE, &16u32.to_le_bytes());
-                nic.regs_write(REG_INT_MASK, &0u32.to_le_bytes());
-                nic.regs_write(REG_CTRL, &(CTRL_TX_ENABLE | CTRL_RX_ENABLE).to_le_bytes());
+                nic.regs_write(reg::TX_RING_BASE, &TX_RING.to_le_bytes());
+                nic.regs_write(reg::TX_RING_SIZE, &16u32.to_le_bytes());
+                nic.regs_write(reg::RX_RING_BASE, &RX_RING.to_le_bytes());
+                nic.regs_write(reg::RX_RING_SIZE, &16u32.to_le_bytes());
+                nic.regs_write(reg::INT_MASK, &0u32.to_le_bytes());
+                nic.regs_write(
+                    reg::CTRL,
+                    &(Ctrl::TX_ENABLE.raw() | Ctrl::RX_ENABLE.raw()).to_le_bytes(),
+                );
             }
             // A descriptor with any fields, or one steered into RAM.
             3 => {
@@ -131,10 +135,17 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ram.write(RAM + u64::from(at) % RAM_SIZE, &[byte]);
             }
             5 => nic.set_bus_master(op & 0x10 != 0),
-            6 => nic.reset(),
+            6 => {
+                // No DMA can stay in flight against FakeGuestMemory.
+                let _ = nic.reset();
+            }
             _ => {
-                let spec = ["drop,count=1", "corrupt,count=1", "delay=1ms,count=1", "drop-irq"]
-                    [usize::from(op >> 4) % 4];
+                let spec = [
+                    "drop,count=1",
+                    "corrupt,count=1",
+                    "delay=1ms,count=1",
+                    "drop-irq",
+                ][usize::from(op >> 4) % 4];
                 if let Ok(spec) = spec.parse() {
                     nic.control().inject(spec);
                 }

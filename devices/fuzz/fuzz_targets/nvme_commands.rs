@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
+use p2plab_kit::Interrupts;
 use p2plab_nvme::registers::{reg, Csts};
 use p2plab_nvme::{
-    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Interrupts, Namespace,
+    Command, CommandBuilder, CompletionEntry, ControllerConfig, FileBackend, Namespace,
     NamespaceIds, NvmeController,
 };
 
@@ -98,12 +99,12 @@ impl Guest {
     }
 
     fn write32(&self, offset: u64, value: u32) {
-        self.ctrl.write_bar0(offset, &value.to_le_bytes());
+        self.ctrl.regs_write(offset, &value.to_le_bytes());
     }
 
     fn csts(&self) -> u32 {
         let mut b = [0u8; 4];
-        self.ctrl.read_bar0(reg::CSTS, &mut b);
+        self.ctrl.regs_read(reg::CSTS, &mut b);
         u32::from_le_bytes(b)
     }
 
@@ -112,9 +113,9 @@ impl Guest {
         self.write32(reg::CC, 0);
         self.write32(reg::AQA, ((ENTRIES - 1) << 16) | (ENTRIES - 1));
         self.write32(reg::ASQ, ASQ as u32);
-        self.write32(reg::ASQ_HI, 0);
+        self.write32(reg::ASQ + 4, 0);
         self.write32(reg::ACQ, ACQ as u32);
-        self.write32(reg::ACQ_HI, 0);
+        self.write32(reg::ACQ + 4, 0);
         self.write32(reg::CC, (6 << 16) | (4 << 20) | 1);
         let qsize = (ENTRIES - 1) << 16;
         let cq = CommandBuilder::new(0x05, 0)
@@ -140,7 +141,7 @@ impl Guest {
         }
         queue.tail = (queue.tail + 1) % ENTRIES;
         let sq_doorbell = 0x1000 + 8 * q as u64;
-        self.ctrl.write_bar0(sq_doorbell, &queue.tail.to_le_bytes());
+        self.ctrl.regs_write(sq_doorbell, &queue.tail.to_le_bytes());
         let deadline = Instant::now() + WAIT;
         loop {
             let queue = &mut self.queues[q];
@@ -158,11 +159,14 @@ impl Guest {
                     queue.phase = !queue.phase;
                 }
                 let head = queue.head;
-                self.ctrl.write_bar0(sq_doorbell + 4, &head.to_le_bytes());
+                self.ctrl.regs_write(sq_doorbell + 4, &head.to_le_bytes());
                 return;
             }
             let csts = self.csts();
-            if csts & Csts::CFS != 0 || csts & Csts::RDY == 0 || Instant::now() >= deadline {
+            if csts & Csts::CFS.raw() != 0
+                || csts & Csts::RDY.raw() == 0
+                || Instant::now() >= deadline
+            {
                 return;
             }
             std::thread::yield_now();
@@ -225,7 +229,7 @@ fuzz_target!(|data: &[u8]| {
                 rest = &rest[10..];
                 let offset = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) % 0x1100;
                 let len = if op & 0x8 != 0 { 8 } else { 4 };
-                guest.ctrl.write_bar0(offset, &bytes[2..2 + len]);
+                guest.ctrl.regs_write(offset, &bytes[2..2 + len]);
             }
             // A register read.
             4 => {
@@ -233,7 +237,7 @@ fuzz_target!(|data: &[u8]| {
                 rest = &rest[2..];
                 let offset = u64::from(u16::from_le_bytes([bytes[0], bytes[1]])) % 0x1100;
                 let mut b = [0u8; 8];
-                guest.ctrl.read_bar0(offset, &mut b[..4]);
+                guest.ctrl.regs_read(offset, &mut b[..4]);
             }
             // Linux's recovery after CFS: reset and enable again.
             5 => {
@@ -257,7 +261,11 @@ fuzz_target!(|data: &[u8]| {
             // has stopped when it returns.
             _ => {
                 guest.ctrl.reset();
-                assert_eq!(guest.csts() & Csts::RDY, 0, "a worker outlived the reset");
+                assert_eq!(
+                    guest.csts() & Csts::RDY.raw(),
+                    0,
+                    "a worker outlived the reset"
+                );
                 guest.ctrl.set_cmb_bar_address(Some(CMB_BAR));
             }
         }
@@ -268,5 +276,9 @@ fuzz_target!(|data: &[u8]| {
         "an internal error reached the worker boundary"
     );
     guest.ctrl.reset();
-    assert_eq!(guest.csts() & Csts::RDY, 0, "a worker outlived the reset");
+    assert_eq!(
+        guest.csts() & Csts::RDY.raw(),
+        0,
+        "a worker outlived the reset"
+    );
 });

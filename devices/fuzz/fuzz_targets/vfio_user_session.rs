@@ -21,9 +21,7 @@ use p2plab_pci::{
     BarBacking, BarSpec, ConfigSpaceBuilder, InterruptController, MsixCapSpec, PciFunction,
     PciModel,
 };
-use p2plab_vfio_user::{
-    record, Access, DeviceError, DmaSpace, Server, ServerConfig, SharedMemory,
-};
+use p2plab_vfio_user::{record, Access, DeviceError, DmaSpace, Server, ServerConfig, SharedMemory};
 
 const REGS: u64 = 0x1000;
 const BAR2: u64 = 64 << 10;
@@ -124,9 +122,10 @@ impl PciModel for FuzzModel {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
         // DMA runs on the reader thread only: nothing to quiesce.
         self.regs = [0; 16];
+        Ok(())
     }
 
     fn bar_backing(&self, bar: u8) -> Option<BarBacking> {
@@ -190,7 +189,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = client.shutdown(std::net::Shutdown::Both);
     drain.join().expect("drain");
     assert_eq!(dma.mapping_count(), 0, "DMA ranges outlived the session");
-    assert!(!function.irq().msix_enabled(), "the disconnect reset the device");
+    assert!(
+        !function.irq().msix_enabled(),
+        "the disconnect reset the device"
+    );
     drop(function);
     drop(client);
     drop(dma);

@@ -52,24 +52,6 @@ pub fn parse_vram_size(text: &str) -> Result<u64, String> {
     Ok(size)
 }
 
-/// A 16-bit PCI ID, hex with or without `0x` (`5032`, `0x5032`).
-pub fn parse_pci_id(text: &str) -> Result<u16, String> {
-    let t = text.trim();
-    let hex = t
-        .strip_prefix("0x")
-        .or_else(|| t.strip_prefix("0X"))
-        .unwrap_or(t);
-    if hex.is_empty() || hex.len() > 4 {
-        return Err(format!("'{text}' is not a 16-bit hex ID"));
-    }
-    let id =
-        u16::from_str_radix(hex, 16).map_err(|_| format!("'{text}' is not a 16-bit hex ID"))?;
-    if id == 0xffff {
-        return Err("0xffff means 'no device' on PCI".into());
-    }
-    Ok(id)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,16 +85,5 @@ mod tests {
         assert!(err.contains("outside"), "{err}");
         assert!(parse_vram_size("2T").is_err());
         assert!(parse_vram_size("banana").is_err());
-    }
-
-    #[test]
-    fn pci_ids() {
-        assert_eq!(parse_pci_id("5032"), Ok(0x5032));
-        assert_eq!(parse_pci_id("0x4750"), Ok(0x4750));
-        assert_eq!(parse_pci_id("0X1b36"), Ok(0x1b36));
-        assert!(parse_pci_id("0xffff").is_err());
-        assert!(parse_pci_id("12345").is_err());
-        assert!(parse_pci_id("0x").is_err());
-        assert!(parse_pci_id("zz").is_err());
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! What each opcode does with the fields is in [`crate::engine::opcodes`].
 
-use crate::bits::bit_flags;
+use p2plab_kit::bit_flags;
 
 /// Bytes per ring entry.
 pub const COMMAND_SIZE: u64 = 64;

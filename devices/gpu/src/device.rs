@@ -1,44 +1,18 @@
 //! What the register side ([`crate::Gpu`]) and the engine thread share:
 //! the register file behind one lock, VRAM, counters, and the two ports to
-//! the outside world (guest memory and interrupts).
+//! the outside world (guest memory behind the kit's DMA gate, and
+//! interrupts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use p2plab_dma::GuestMemory;
 use p2plab_fault::GpuInjector;
+use p2plab_kit::{DmaGate, Interrupts};
 
 use crate::register_file::RegisterFile;
 use crate::stats::Stats;
 use crate::vram::Vram;
-
-/// How the engine signals an MSI-X vector. Called from the engine thread
-/// only, never while the model's lock is held.
-pub trait InterruptSink: Send + Sync + 'static {
-    /// Signals `vector`.
-    fn notify(&self, vector: u16);
-}
-
-/// Bus Master Enable in the PCI command register: whether the device may
-/// reach guest memory at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BusMaster {
-    /// Set: engine DMA to guest memory is allowed.
-    Enabled,
-    /// Clear: commands that need guest memory fail with NO_BUS_MASTER.
-    Disabled,
-}
-
-impl From<bool> for BusMaster {
-    /// From the Bus Master Enable bit.
-    fn from(enabled: bool) -> Self {
-        if enabled {
-            BusMaster::Enabled
-        } else {
-            BusMaster::Disabled
-        }
-    }
-}
 
 /// The device state both threads share.
 pub(crate) struct Device {
@@ -50,8 +24,11 @@ pub(crate) struct Device {
     generation: AtomicU64,
     pub vram: Arc<Vram>,
     pub stats: Stats,
-    pub memory: Arc<dyn GuestMemory>,
-    pub irq: Arc<dyn InterruptSink>,
+    /// Guest memory behind Bus Master Enable; the engine does a job's
+    /// DMA bound to the epoch it fetched the job in.
+    pub gate: DmaGate,
+    /// Called from the engine thread only, never with the lock held.
+    pub irq: Arc<dyn Interrupts>,
     /// Armed fault injections; its own lock, never taken while waiting
     /// on [`Self::wake`].
     faults: Mutex<GpuInjector>,
@@ -60,14 +37,14 @@ pub(crate) struct Device {
 }
 
 impl Device {
-    pub fn new(vram: Vram, memory: Arc<dyn GuestMemory>, irq: Arc<dyn InterruptSink>) -> Self {
+    pub fn new(vram: Vram, memory: Arc<dyn GuestMemory>, irq: Arc<dyn Interrupts>) -> Self {
         Self {
             registers: Mutex::new(RegisterFile::new()),
             wake: Condvar::new(),
             generation: AtomicU64::new(0),
             vram: Arc::new(vram),
             stats: Stats::default(),
-            memory,
+            gate: DmaGate::new(memory),
             irq,
             faults: Mutex::new(GpuInjector::default()),
             trace: p2plab_trace::Tracer::new(),

@@ -7,19 +7,18 @@
 //!   in guest memory or VRAM on its own thread ([`engine`], driven by the
 //!   opcode table in [`engine::opcodes`]).
 //!
-//! Faults can be injected ([`FaultControl`], specs from p2plab-fault):
+//! Faults can be injected ([`GpuControl`], specs from p2plab-fault):
 //! jobs that fail with a chosen status, hang, lose their interrupt, or read
 //! a bad VRAM range.
 //!
-//! The model ([`Gpu`]) is a plain state machine over two ports,
-//! [`p2plab_dma::GuestMemory`] and [`InterruptSink`], so it is tested
-//! without a socket or QEMU. The `p2plab-gpu` binary wires it to the
+//! The model ([`Gpu`]) is a plain state machine built from p2plab-kit:
+//! guest memory behind the kit's DMA gate (Bus Master Enable, reset
+//! quiesce) and its `Interrupts`, so it is tested without a socket or
+//! QEMU. The `p2plab-gpu` binary wires it to the
 //! vfio-user transport.
 
-mod bits;
 pub mod cli;
 pub mod command;
-pub mod crc32c;
 mod device;
 pub mod engine;
 pub mod model;
@@ -32,9 +31,10 @@ pub mod status;
 pub mod testing;
 pub mod vram;
 
-pub use device::{BusMaster, InterruptSink};
-pub use model::{check_spec, FaultControl, Gpu, StatsReader};
+pub use model::{check_spec, Gpu, GpuControl};
 pub use p2plab_fault::{GpuFaultSpec, SpecError};
-pub use pci::{gpu_function, GpuError, GpuFunction, GpuIds};
+pub use p2plab_kit::PciIds;
+pub use pci::{gpu_function, GpuError, GpuFunction};
+pub use regs::DEFAULT_IDS;
 pub use stats::{Stats, StatsSnapshot};
 pub use vram::Vram;

@@ -11,47 +11,29 @@ use std::thread::JoinHandle;
 
 use p2plab_dma::GuestMemory;
 use p2plab_fault::{ArmedReport, GpuAction, GpuFaultSpec};
+use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
+use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl, Interrupts, QuiesceTimeout};
 
-use crate::device::{BusMaster, Device, InterruptSink};
+use crate::device::Device;
 use crate::engine::Engine;
 use crate::register_file::{AfterWrite, RegisterFile};
-use crate::regs::{Access, Reg, REGS_BAR_SIZE};
+use crate::regs::{Reg, REGS_BAR_SIZE};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::status::StatusCode;
 use crate::vram::Vram;
 
-/// Reads the device's counters from any thread.
+/// A handle to the device's counters, fault injections, registers and
+/// reset that another thread, the control socket's, can use while the
+/// transport owns the device.
 #[derive(Clone)]
-pub struct StatsReader(Arc<Device>);
+pub struct GpuControl(Arc<Device>);
 
-impl std::fmt::Debug for StatsReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StatsReader").finish_non_exhaustive()
+impl GpuControl {
+    /// The counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.0.stats.snapshot()
     }
-}
 
-impl StatsReader {
-    /// The counters now, with VRAM size and use.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let vram = &self.0.vram;
-        let allocated = vram.allocated_bytes().unwrap_or(0);
-        self.0.stats.snapshot(vram.size(), allocated)
-    }
-}
-
-/// A handle to the device's fault injections (and reset) that another
-/// thread, the control socket's, can use while the transport owns the
-/// device.
-#[derive(Clone)]
-pub struct FaultControl(Arc<Device>);
-
-impl std::fmt::Debug for FaultControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultControl").finish_non_exhaustive()
-    }
-}
-
-impl FaultControl {
     /// Arms `spec`; returns its ID. Refuses a `job-error` code that is not
     /// one of the device's command errors (0x01..=0x06), naming it.
     pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
@@ -61,40 +43,58 @@ impl FaultControl {
         Ok(id)
     }
 
-    /// Disarms every injection, VRAM error ranges included.
-    pub fn clear(&self) {
-        self.0.faults().clear();
-        tracing::info!("faults cleared");
-    }
-
     /// The armed injections and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
         self.0.faults().report()
     }
+}
 
-    /// Every BAR0 register by name, as the guest would read it now (the
-    /// write-only DOORBELL left out).
-    pub fn registers(&self) -> Vec<(&'static str, u64)> {
-        let vram_size = self.0.vram.size();
-        let regs = self.0.lock();
-        Reg::ALL
-            .iter()
-            .filter(|reg| reg.access() != Access::WriteOnly)
-            .map(|&reg| (reg.name(), regs.read(reg, vram_size)))
-            .collect()
+impl DeviceControl for GpuControl {
+    /// The counters, VRAM's size and the host memory it holds, flat.
+    fn counters(&self) -> serde_json::Value {
+        let vram = &self.0.vram;
+        let allocated = vram.allocated_bytes().unwrap_or(0);
+        counters_with(
+            self.stats(),
+            &[
+                ("vram_size", vram.size()),
+                ("vram_allocated_bytes", allocated),
+            ],
+        )
+    }
+
+    fn inject(&self, spec: &str) -> Result<Armed, String> {
+        arm_spec(spec, |spec| GpuControl::inject(self, spec))
+    }
+
+    /// Disarms every injection, VRAM error ranges included.
+    fn clear(&self) {
+        self.0.faults().clear();
+        tracing::info!("faults cleared");
     }
 
     /// What a function-level reset does (see [`Gpu::reset`]).
-    pub fn reset(&self) {
+    fn reset(&self) -> Result<(), String> {
         self.0.trace.record(
             "reset",
             || serde_json::json!({"name": "control-socket reset", "injected": true}),
         );
-        reset_device(&self.0);
+        reset_device(&self.0).map_err(|e| e.to_string())
     }
 
-    /// The device's trace recorder (off until switched on).
-    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+    fn fault_report(&self) -> serde_json::Value {
+        serde_json::to_value(self.report()).unwrap_or_default()
+    }
+
+    /// Every BAR0 register by name, as the guest would read it now (the
+    /// write-only DOORBELL left out).
+    fn registers(&self) -> Option<Vec<(&'static str, u64)>> {
+        let vram_size = self.0.vram.size();
+        let regs = self.0.lock();
+        Some(register_values::<Reg>(|reg| regs.read(reg, vram_size)))
+    }
+
+    fn tracer(&self) -> &p2plab_trace::Tracer {
         &self.0.trace
     }
 }
@@ -133,26 +133,6 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// A BAR0 write as the dwords it is made of.
-fn write_dwords(offset: u64, data: &[u8]) -> Option<Vec<(u64, u32)>> {
-    match data.len() {
-        4 if offset.is_multiple_of(4) => Some(vec![(offset, u32_le(data, 0))]),
-        8 if offset.is_multiple_of(8) => Some(vec![
-            (offset, u32_le(data, 0)),
-            (offset + 4, u32_le(data, 4)),
-        ]),
-        _ => None,
-    }
-}
-
-fn u32_le(data: &[u8], at: usize) -> u32 {
-    let mut word = [0u8; 4];
-    if let Some(src) = data.get(at..at + 4) {
-        word.copy_from_slice(src);
-    }
-    u32::from_le_bytes(word)
-}
-
 impl Gpu {
     /// Builds the device around `vram` and starts its engine thread. The
     /// engine reaches guest memory through `memory` and signals through
@@ -160,7 +140,7 @@ impl Gpu {
     pub fn new(
         vram: Vram,
         memory: Arc<dyn GuestMemory>,
-        irq: Arc<dyn InterruptSink>,
+        irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
         let device = Arc::new(Device::new(vram, memory, irq));
         let engine = Engine::new(Arc::clone(&device));
@@ -190,13 +170,7 @@ impl Gpu {
 
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats_reader().snapshot()
-    }
-
-    /// A handle another thread can use to read the counters while the
-    /// transport owns the device.
-    pub fn stats_reader(&self) -> StatsReader {
-        StatsReader(Arc::clone(&self.device))
+        self.device.stats.snapshot()
     }
 
     /// The device's trace recorder (off until switched on).
@@ -204,14 +178,15 @@ impl Gpu {
         &self.device.trace
     }
 
-    /// A handle to arm and clear fault injections from another thread.
-    pub fn fault_control(&self) -> FaultControl {
-        FaultControl(Arc::clone(&self.device))
+    /// A handle for the control socket: counters, fault injections,
+    /// registers, reset.
+    pub fn control(&self) -> GpuControl {
+        GpuControl(Arc::clone(&self.device))
     }
 
-    /// Arms a fault injection (see [`FaultControl::inject`]).
+    /// Arms a fault injection (see [`GpuControl::inject`]).
     pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
-        self.fault_control().inject(spec)
+        GpuControl::inject(&self.control(), spec)
     }
 
     /// A trapped BAR0 read of any size; reads have no side effects, so a
@@ -220,34 +195,22 @@ impl Gpu {
     pub fn regs_read(&self, offset: u64, data: &mut [u8]) {
         let vram_size = self.device.vram.size();
         let regs = self.device.lock();
-        for (i, byte) in data.iter_mut().enumerate() {
-            let at = offset.saturating_add(i as u64);
-            *byte = if at < REGS_BAR_SIZE {
-                let dword = read_dword(&regs, at & !3, vram_size);
-                (dword >> ((at & 3) * 8)) as u8
-            } else {
-                0xff
-            };
-        }
+        read_bytes(offset, data, REGS_BAR_SIZE, |at| {
+            read_dword(&regs, at, vram_size)
+        });
     }
 
     /// A trapped BAR0 write. 4-byte aligned dword writes and 8-byte aligned
     /// qword writes (low dword first) are supported; anything else is
     /// ignored and counted, as a real device would drop it.
     pub fn regs_write(&self, offset: u64, data: &[u8]) {
-        let Some(dwords) = write_dwords(offset, data) else {
-            // Guest-triggered, so debug: a guest must not flood the log.
-            tracing::debug!(
-                offset,
-                len = data.len(),
-                "unsupported register write ignored"
-            );
-            Stats::add(&self.device.stats.bad_register_accesses, 1);
+        let refused = &self.device.stats.bad_register_accesses;
+        let Some((dwords, count)) = accepted_write_dwords(offset, data, 8, refused) else {
             return;
         };
         let vram_size = self.device.vram.size();
         let mut regs = self.device.lock();
-        for (at, value) in dwords {
+        for &(at, value) in &dwords[..count] {
             let Some((reg, half)) = Reg::at(at) else {
                 tracing::debug!(offset = at, value, "write to reserved offset ignored");
                 continue;
@@ -265,9 +228,10 @@ impl Gpu {
     }
 
     /// The PCI command register's Bus Master Enable changed.
-    pub fn set_bus_master(&self, bus_master: BusMaster) {
+    pub fn set_bus_master(&self, enabled: bool) {
+        self.device.gate.set_bus_master(enabled);
         let mut regs = self.device.lock();
-        regs.bus_master_enabled = bus_master == BusMaster::Enabled;
+        regs.bus_master_enabled = enabled;
         if regs.runnable() {
             self.device.wake.notify_all();
         }
@@ -277,12 +241,14 @@ impl Gpu {
     /// registers return to their power-on values and any in-flight job is
     /// abandoned. VRAM keeps its contents, as on real boards. Bus mastering
     /// is config space, so the PCI layer reports it via `set_bus_master`.
-    pub fn reset(&self) {
-        reset_device(&self.device);
+    /// Returns once the DMA gate is quiesced: no DMA of a job fetched
+    /// before the reset runs any more, or ever will.
+    pub fn reset(&self) -> Result<(), QuiesceTimeout> {
+        reset_device(&self.device)
     }
 }
 
-fn reset_device(device: &Device) {
+fn reset_device(device: &Device) -> Result<(), QuiesceTimeout> {
     let mut regs = device.lock();
     device.abandon_job_in_flight();
     let fresh = RegisterFile {
@@ -297,6 +263,11 @@ fn reset_device(device: &Device) {
     device
         .trace
         .record("reset", || serde_json::json!({"name": "device reset"}));
+    drop(regs);
+    // The engine wakes from the new generation and finds no ring; a job
+    // it holds gets no DMA of its old epoch any more.
+    device.wake.notify_all();
+    device.gate.quiesce()
 }
 
 /// The dword at a dword-aligned BAR0 offset (0 if reserved).
@@ -317,22 +288,5 @@ impl Drop for Gpu {
                 tracing::error!("engine thread panicked");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn writes_split_into_dwords_or_are_refused() {
-        assert_eq!(write_dwords(0x1c, &[1, 0, 0, 0]), Some(vec![(0x1c, 1)]));
-        assert_eq!(
-            write_dwords(0x20, &[1, 0, 0, 0, 2, 0, 0, 0]),
-            Some(vec![(0x20, 1), (0x24, 2)])
-        );
-        assert_eq!(write_dwords(0x24, &[0; 8]), None, "misaligned qword");
-        assert_eq!(write_dwords(0x1d, &[0; 4]), None, "misaligned dword");
-        assert_eq!(write_dwords(0x1c, &[0; 2]), None, "word");
     }
 }

@@ -2,16 +2,16 @@
 //! and the glue between [`Gpu`] and p2plab-pci's [`PciFunction`].
 
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
+use p2plab_kit::pci::pcie_endpoint;
+use p2plab_kit::{DeviceControl, LateInterrupts, PciIds, PeerBar, PlacementHook, ServedDevice};
 use p2plab_pci::{
-    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
-    InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, LinkSpeed, PciFunction, PciModel,
 };
 use p2plab_vfio_user::{DeviceError, DmaSpace, LocalMemory, LocalWindowId};
 
-use crate::device::{BusMaster, InterruptSink};
 use crate::model::Gpu;
 use crate::regs::*;
 use crate::vram::Vram;
@@ -25,71 +25,17 @@ pub enum GpuError {
     Thread(#[source] io::Error),
 }
 
-/// The PCI identity of the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuIds {
-    pub vendor_id: u16,
-    pub device_id: u16,
-    pub subsystem_vendor_id: u16,
-    pub subsystem_id: u16,
-}
-
-impl Default for GpuIds {
-    fn default() -> Self {
-        Self {
-            vendor_id: DEFAULT_VENDOR_ID,
-            device_id: DEFAULT_DEVICE_ID,
-            subsystem_vendor_id: DEFAULT_VENDOR_ID,
-            subsystem_id: DEFAULT_DEVICE_ID,
-        }
-    }
-}
-
 /// Config space: class 0x0302, BAR0 registers, BAR2 VRAM (64-bit
 /// prefetchable), BAR4 MSI-X, Power Management, MSI-X and a PCIe endpoint
 /// capability that looks like a Gen4 x16 card.
-pub fn config_space(ids: &GpuIds, vram_size: u64) -> Result<ConfigSpace, BuildError> {
-    ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
-        .subsystem(ids.subsystem_vendor_id, ids.subsystem_id)
-        .class_code(CLASS_CODE.base, CLASS_CODE.sub, CLASS_CODE.prog_if)
-        .revision(REVISION_ID)
+pub fn config_space(ids: &PciIds, vram_size: u64) -> Result<ConfigSpace, BuildError> {
+    let vram = BarSpec::memory64(vram_size).prefetchable();
+    MSIX.add_to(ids.config_space(CLASS_CODE))
         .bar(usize::from(REGS_BAR), BarSpec::memory32(REGS_BAR_SIZE))
-        .bar(
-            usize::from(VRAM_BAR),
-            BarSpec::memory64(vram_size).prefetchable(),
-        )
-        .bar(usize::from(MSIX_BAR), BarSpec::memory32(MSIX_BAR_SIZE))
+        .bar(usize::from(VRAM_BAR), vram)
         .power_management()
-        .msix(MsixCapSpec {
-            vectors: MSIX_VECTORS,
-            table_bar: MSIX_BAR,
-            table_offset: MSIX_TABLE_OFFSET,
-            pba_bar: MSIX_BAR,
-            pba_offset: MSIX_PBA_OFFSET,
-        })
-        .pcie(PcieCapSpec {
-            link_speed: LinkSpeed::Gen4,
-            link_width: 16,
-            max_payload_size: 256,
-        })
+        .pcie(pcie_endpoint(LinkSpeed::Gen4, 16))
         .build()
-}
-
-/// Forwards engine interrupts to the function's interrupt controller, which
-/// exists only once the [`PciFunction`] is built (after the model).
-#[derive(Debug, Default)]
-struct LateInterrupts(OnceLock<Arc<InterruptController>>);
-
-impl InterruptSink for LateInterrupts {
-    fn notify(&self, vector: u16) {
-        match self.0.get().map(|irq| irq.notify(vector)) {
-            Some(Delivery::Signalled) => tracing::trace!(vector, "MSI-X sent"),
-            Some(Delivery::Pending) => tracing::debug!(vector, "interrupt pending (masked)"),
-            Some(Delivery::Dropped) | None => {
-                tracing::debug!(vector, "interrupt dropped: no MSI-X/INTx enabled and bound")
-            }
-        }
-    }
 }
 
 /// VRAM as a DMA local window: engine DMA whose host address lands in our
@@ -129,17 +75,6 @@ struct VramWindow {
     id: Option<LocalWindowId>,
 }
 
-/// Told where VRAM decodes now, synchronously from the config write (or
-/// reset) that changed it: the server pushes it to its peers before the
-/// write completes.
-pub struct PlacementHook(Box<dyn Fn(Option<u64>) + Send>);
-
-impl std::fmt::Debug for PlacementHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PlacementHook")
-    }
-}
-
 /// [`Gpu`] seen through p2plab-pci's [`PciModel`].
 #[derive(Debug)]
 pub struct GpuFunction {
@@ -167,16 +102,9 @@ impl GpuFunction {
         self.update_window();
     }
 
-    /// Calls `hook` with VRAM's address each time it changes (None: not
-    /// decoding), and once now.
-    pub fn on_vram_placement(&mut self, hook: impl Fn(Option<u64>) + Send + 'static) {
-        hook(self.vram_address);
-        self.placement = Some(PlacementHook(Box::new(hook)));
-    }
-
     fn update_window(&mut self) {
         if let Some(hook) = &self.placement {
-            (hook.0)(self.vram_address);
+            hook.placed(self.vram_address);
         }
         let Some(window) = self.window.as_mut() else {
             return;
@@ -205,16 +133,15 @@ impl GpuFunction {
 /// Builds the whole PCI function around `vram`; the engine reaches guest
 /// memory through `memory`.
 pub fn gpu_function(
-    ids: &GpuIds,
+    ids: &PciIds,
     vram: Vram,
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<GpuFunction>, GpuError> {
     let config = config_space(ids, vram.size()).map_err(|e| GpuError::Config(e.0))?;
-    let irq = Arc::new(LateInterrupts::default());
+    let irq = LateInterrupts::new();
     let gpu = Gpu::new(vram, memory, irq.clone()).map_err(GpuError::Thread)?;
     let function = PciFunction::new(config, |controller| {
-        // The cell is fresh, so this cannot fail; ignore the impossible.
-        let _ = irq.0.set(controller);
+        irq.bind(controller);
         GpuFunction {
             gpu,
             vram_address: None,
@@ -257,19 +184,18 @@ impl PciModel for GpuFunction {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
         // Config space is already back to power-on: COMMAND is 0.
-        self.gpu.set_bus_master(BusMaster::Disabled);
-        self.gpu.reset();
+        self.gpu.set_bus_master(false);
+        let quiesced = self.gpu.reset();
         self.vram_address = None;
         self.update_window();
+        quiesced.map_err(|_| DeviceError::new(libc::ETIMEDOUT, "engine DMA did not quiesce"))
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
         match change {
-            ConfigChange::CommandChanged { new, .. } => {
-                self.gpu.set_bus_master(BusMaster::from(new.bus_master()))
-            }
+            ConfigChange::CommandChanged { new, .. } => self.gpu.set_bus_master(new.bus_master()),
             ConfigChange::BarMoved { index, new, .. } if *index == VRAM_BAR => {
                 tracing::info!(address = ?new.map(|a| format!("{a:#x}")), "VRAM BAR placed");
                 self.vram_address = *new;
@@ -285,6 +211,32 @@ impl PciModel for GpuFunction {
             fd_offset: 0,
             areas: Vec::new(),
         })
+    }
+}
+
+impl ServedDevice for GpuFunction {
+    const PEER_BAR: Option<u8> = Some(VRAM_BAR);
+
+    fn control(&self) -> Arc<dyn DeviceControl> {
+        Arc::new(self.gpu.control())
+    }
+
+    /// Peers write into VRAM through its memfd, at the address the guest
+    /// gives BAR2.
+    fn peer_bar(&self) -> io::Result<Option<PeerBar>> {
+        let vram = self.gpu.vram();
+        Ok(Some(PeerBar {
+            bar: VRAM_BAR,
+            fd: vram.fd().try_clone_to_owned()?,
+            size: vram.size(),
+        }))
+    }
+
+    /// Calls `hook` with VRAM's address each time it changes (None: not
+    /// decoding), and once now.
+    fn on_peer_bar_placement(&mut self, hook: PlacementHook) {
+        hook.placed(self.vram_address);
+        self.placement = Some(hook);
     }
 }
 

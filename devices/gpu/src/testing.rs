@@ -1,14 +1,12 @@
 //! Fakes for the GPU's tests (feature `testing`): a guest memory whose
-//! reads can be held mid-job, and an interrupt sink that counts. Plain
-//! guest RAM is `p2plab_dma::testing::FakeGuestMemory`.
+//! reads can be held mid-job. Plain guest RAM is
+//! `p2plab_dma::testing::FakeGuestMemory`, the interrupt recorder
+//! `p2plab_kit::testing::RecordingInterrupts`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use p2plab_dma::{DmaFault, GuestMemory};
-
-use crate::device::InterruptSink;
-use crate::regs::ENGINE_VECTOR;
 
 /// Guest memory whose reads at or above an address block while its gate
 /// is closed, to hold the engine in the middle of a job (a reset or ring
@@ -85,34 +83,6 @@ impl<M: GuestMemory> GuestMemory for GatedMemory<M> {
 
     fn locate(&self, addr: u64, len: u64) -> p2plab_dma::BusTarget {
         self.inner.locate(addr, len)
-    }
-}
-
-/// Counts interrupts and notes any vector other than [`ENGINE_VECTOR`].
-#[derive(Debug, Default)]
-pub struct CountingInterrupts {
-    count: AtomicU64,
-    wrong_vector: AtomicBool,
-}
-
-impl CountingInterrupts {
-    /// Interrupts signalled so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// Whether a vector other than the engine's was signalled.
-    pub fn saw_wrong_vector(&self) -> bool {
-        self.wrong_vector.load(Ordering::SeqCst)
-    }
-}
-
-impl InterruptSink for CountingInterrupts {
-    fn notify(&self, vector: u16) {
-        if vector != ENGINE_VECTOR {
-            self.wrong_vector.store(true, Ordering::SeqCst);
-        }
-        self.count.fetch_add(1, Ordering::SeqCst);
     }
 }
 

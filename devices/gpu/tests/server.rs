@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crc32c::crc32c;
 use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
-use p2plab_gpu::crc32c::crc32c;
 use p2plab_gpu::engine::opcodes::op;
 use p2plab_gpu::pci::config_space;
 use p2plab_gpu::regs::*;
 use p2plab_gpu::status::StatusCode;
-use p2plab_gpu::{gpu_function, GpuIds, Vram};
+use p2plab_gpu::{gpu_function, Vram, DEFAULT_IDS};
 use p2plab_vfio_user::vfio_abi::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
@@ -133,12 +133,12 @@ impl Guest {
 #[test]
 fn client_drives_the_engine_through_the_server() {
     let path = socket_path("gpu.sock");
-    let ids = GpuIds::default();
+    let ids = DEFAULT_IDS;
     let dma = DmaSpace::new();
     let mut function =
         gpu_function(&ids, Vram::new(VRAM_SIZE).unwrap(), Arc::new(dma.clone())).unwrap();
     function.model_mut().serve_vram_locally(dma.clone());
-    let stats = function.model().gpu().stats_reader();
+    let stats = function.model().gpu().control();
     let server = Server::new(ServerConfig::new(&path), dma.clone()).unwrap();
     let listener = server.bind().unwrap();
     let shutdown = server.shutdown_handle();
@@ -193,7 +193,7 @@ fn client_drives_the_engine_through_the_server() {
     guest
         .client
         .region_write(
-            MSIX_BAR.into(),
+            MSIX.bar.into(),
             MSIX_ENTRY_VECTOR_CONTROL,
             &0u32.to_le_bytes(),
         )
@@ -309,7 +309,7 @@ fn client_drives_the_engine_through_the_server() {
     );
     assert_eq!(record.status, StatusCode::VramRange.code());
 
-    let s = stats.snapshot();
+    let s = stats.stats();
     assert_eq!(s.bytes_host_to_vram, data.len() as u64);
     assert_eq!(s.bytes_vram_to_host, data.len() as u64 + 8192);
     assert_eq!((s.jobs_completed, s.jobs_failed), (5, 1));
@@ -318,7 +318,7 @@ fn client_drives_the_engine_through_the_server() {
     // Disconnect: the server resets the device and keeps listening.
     guest.client.shutdown().unwrap();
     drop(guest);
-    wait_until("reset after disconnect", || stats.snapshot().resets >= 1);
+    wait_until("reset after disconnect", || stats.stats().resets >= 1);
 
     shutdown.shutdown();
     thread.join().unwrap().unwrap();

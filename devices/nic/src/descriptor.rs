@@ -112,7 +112,7 @@ pub struct Descriptor {
     pub addr: u64,
     /// TX: frame length; RX: buffer capacity.
     pub len: u32,
-    /// `DESC_FLAG_*`.
+    /// [`DescFlags`] bits.
     pub flags: u16,
 }
 
@@ -120,7 +120,7 @@ pub struct Descriptor {
 /// TOO_LONG).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DescriptorError {
-    /// Flags outside `DESC_FLAGS_ALL`.
+    /// Flags without a name in [`DescFlags`].
     UnknownFlags(u16),
     /// A zero length.
     Empty,
@@ -173,7 +173,7 @@ impl Descriptor {
             len: u32_at(raw, DESC_LEN),
             flags: u16_at(raw, DESC_FLAGS),
         };
-        if desc.flags & !DESC_FLAGS_ALL != 0 {
+        if DescFlags::from_raw(desc.flags).has_unknown() {
             return Err(DescriptorError::UnknownFlags(desc.flags));
         }
         if desc.len == 0 {
@@ -190,7 +190,7 @@ impl Descriptor {
 
     /// Whether the driver wants an interrupt when it completes.
     pub fn wants_irq(&self) -> bool {
-        self.flags & DESC_FLAG_IRQ != 0
+        DescFlags::from_raw(self.flags).contains(DescFlags::IRQ)
     }
 }
 
@@ -221,9 +221,12 @@ mod tests {
     /// accepted.
     #[test]
     fn parse_reads_fields_and_refuses_bad_ones() {
-        let raw = encode(0x1234_5000, 4096, DESC_FLAG_IRQ, 0xdead);
+        let raw = encode(0x1234_5000, 4096, DescFlags::IRQ.raw(), 0xdead);
         let d = Descriptor::parse(&raw, 65536, true).unwrap();
-        assert_eq!((d.addr, d.len, d.flags), (0x1234_5000, 4096, DESC_FLAG_IRQ));
+        assert_eq!(
+            (d.addr, d.len, d.flags),
+            (0x1234_5000, 4096, DescFlags::IRQ.raw())
+        );
         assert!(d.wants_irq());
         assert_eq!(
             Descriptor::parse(&encode(0, 4096, 0x8000, 0), 65536, true),

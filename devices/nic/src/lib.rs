@@ -10,8 +10,9 @@
 //!   loops back; it drops, delays or corrupts frames on demand (specs from
 //!   p2plab-fault).
 //!
-//! The model ([`Nic`]) is a state machine over [`p2plab_dma::GuestMemory`]
-//! and [`InterruptSink`], tested without a socket or QEMU. The
+//! The model ([`Nic`]) is a state machine built from p2plab-kit: guest
+//! memory behind the kit's DMA gate (Bus Master Enable, reset quiesce)
+//! and its `Interrupts`, tested without a socket or QEMU. The
 //! `p2plab-nic` binary wires it to the vfio-user transport.
 
 pub mod descriptor;
@@ -21,7 +22,9 @@ pub mod regs;
 pub mod stats;
 pub mod wire;
 
-pub use model::{InterruptSink, Nic, NicControl};
-pub use pci::{nic_function, NicError, NicFunction, NicIds};
+pub use model::{Nic, NicControl};
+pub use p2plab_kit::PciIds;
+pub use pci::{nic_function, NicError, NicFunction};
+pub use regs::DEFAULT_IDS;
 pub use stats::{Stats, StatsSnapshot};
 pub use wire::{Wire, WireConfig};

@@ -1,22 +1,20 @@
 //! `p2plab-nic`: serves the NIC-like device over vfio-user.
 //!
-//! Thin wiring: the device's flags and how its counters read; the device
-//! is `p2plab_nic::nic_function`, the transport p2plab-vfio-user, and the
-//! process plumbing p2plab-server.
+//! Thin wiring: the device's flags and how its PCI function is built; the
+//! device is `p2plab_nic::nic_function`, the rest (peers, control socket,
+//! stats, shutdown order) p2plab-server's `serve_device`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
-use p2plab_nic::{nic_function, NicControl, NicIds, Wire, WireConfig};
-use p2plab_peer::PeerRegistry;
-use p2plab_server::control::{status_reply, ControlHandler, ControlRequest, ControlServer};
-use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
-use p2plab_vfio_user::{DmaSpace, Server};
+use p2plab_nic::{nic_function, Wire, WireConfig, DEFAULT_IDS};
+use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
 const PROCESS: ServerProcess = ServerProcess {
@@ -44,9 +42,9 @@ struct Args {
     /// Largest frame in bytes, 256..=1048576.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MTU, value_parser = parse_mtu)]
     mtu: u32,
-    /// PCI device ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x4e49", value_parser = parse_pci_id)]
-    device_id: u16,
+    /// PCI identity (default 5032:4e49).
+    #[command(flatten)]
+    ids: PciIdArgs,
     /// Arm a wire fault from the start (repeatable), as `p2plab-ctl
     /// inject` takes it: `drop,count=1`, `delay=5ms`, `corrupt,prob=0.1`,
     /// `drop-irq,count=1`.
@@ -64,51 +62,9 @@ fn parse_mtu(text: &str) -> Result<u32, String> {
     Ok(mtu)
 }
 
-fn parse_pci_id(text: &str) -> Result<u16, String> {
-    let digits = text.strip_prefix("0x").unwrap_or(text);
-    u16::from_str_radix(digits, 16).map_err(|_| format!("{text:?} is not a 16-bit hex ID"))
-}
-
 fn parse_fault(text: &str) -> Result<NicFaultSpec, String> {
     text.parse()
         .map_err(|e: p2plab_fault::SpecError| e.to_string())
-}
-
-/// Answers the control socket for the device.
-struct Control {
-    nic: NicControl,
-    dma: DmaSpace,
-    peers: Option<Arc<PeerRegistry>>,
-}
-
-impl ControlHandler for Control {
-    fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
-        match request {
-            ControlRequest::Status => status_reply(
-                &stats_json(&self.nic, &self.dma, self.peers.as_deref()),
-                self.nic.report(),
-                Some(self.nic.registers()),
-            ),
-            ControlRequest::Inject { spec } => {
-                let spec = parse_fault(spec)?;
-                let id = self.nic.inject(spec);
-                Ok(serde_json::json!({ "id": id, "spec": spec.to_string() }))
-            }
-            ControlRequest::Clear => {
-                self.nic.clear();
-                Ok(serde_json::json!({}))
-            }
-            ControlRequest::Reset => {
-                self.nic.reset();
-                Ok(serde_json::json!({}))
-            }
-            ControlRequest::Trace { .. } => Err("trace is not handled here".into()),
-        }
-    }
-
-    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
-        Some(self.nic.tracer())
-    }
 }
 
 fn main() -> ExitCode {
@@ -117,71 +73,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
-    let ids = NicIds {
-        device_id: args.device_id,
-        ..NicIds::default()
-    };
+    let ids = args.ids.ids(DEFAULT_IDS);
     let wire = Wire::open(&args.wire).with_context(|| format!("--wire {:?}", args.wire))?;
+    // The NIC has no memory BAR to share; with the peer path on it DMAs
+    // straight into other servers' BARs (GPU VRAM, an NVMe CMB).
     let dma = DmaSpace::new();
-    let mut function = nic_function(&ids, wire, args.mtu, Arc::new(dma.clone()))?;
-    let nic = function.model().nic().control();
-    args.server.configure_tracer(nic.tracer())?;
-    for spec in &args.injections {
-        nic.inject(*spec);
-    }
-    // The NIC has no memory BAR to share; it joins the peer registry to
-    // DMA straight into other servers' BARs (GPU VRAM, an NVMe CMB).
-    let peers = args.server.start_peers(&dma, Vec::new())?;
-    let _control = ControlServer::start(
-        &args.server.control_path(),
-        Arc::new(Control {
-            nic: nic.clone(),
-            dma: dma.clone(),
-            peers: peers.clone(),
-        }),
-    )
-    .map_err(|e| {
-        anyhow!(
-            "--control-socket {}: {e}",
-            args.server.control_path().display()
-        )
-    })?;
-
-    let server = Server::new(args.server.server_config(), dma.clone())?;
-    let counters = nic.clone();
-    let stats_peers = peers.clone();
-    let running = launch.start(
-        &server,
-        Arc::new(move || stats_json(&counters, &dma, stats_peers.as_deref())),
-    )?;
+    let function = nic_function(&ids, wire, args.mtu, Arc::new(dma.clone()))?;
     info!(wire = ?args.wire, mtu = args.mtu, "p2plab-nic starting");
-    let result = server.run(&mut function);
-    drop(function);
-    if let Some(peers) = &peers {
-        peers.close();
-    }
-    let json = running.finish();
-    info!(stats = %json, "p2plab-nic exiting");
-    result?;
-    Ok(())
-}
-
-/// Device counters plus which path the engines' DMA took (mmapped guest
-/// memory, a peer's BAR directly, or DMA messages through the client).
-fn stats_json(nic: &NicControl, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
-    let d = dma.stats();
-    nic.stats().to_json_with(&[
-        ("link_up", u64::from(nic.link_up())),
-        ("peer_path", u64::from(peers.is_some())),
-        ("dma_peer_read_bytes", d.peer.read_bytes),
-        ("dma_peer_write_bytes", d.peer.write_bytes),
-        ("dma_peer_read_ops", d.peer.read_ops),
-        ("dma_peer_write_ops", d.peer.write_ops),
-        ("dma_mmap_read_bytes", d.mmap.read_bytes),
-        ("dma_mmap_write_bytes", d.mmap.write_bytes),
-        ("dma_message_read_bytes", d.message.read_bytes),
-        ("dma_message_write_bytes", d.message.write_bytes),
-        ("dma_local_read_bytes", d.local.read_bytes),
-        ("dma_local_write_bytes", d.local.write_bytes),
-    ])
+    let injections: Vec<String> = args.injections.iter().map(|s| s.to_string()).collect();
+    p2plab_server::serve_device(&args.server, launch, dma, function, &injections)
 }

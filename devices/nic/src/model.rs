@@ -6,6 +6,12 @@
 //! wait for an engine or for guest memory: the engines do their DMA with
 //! the lock released (a DMA to a peer BAR is a message QEMU answers in the
 //! same loop that waits for our register reply).
+//!
+//! All DMA goes through p2plab-kit's [`DmaGate`]: an engine reads the
+//! gate's epoch when it takes a descriptor (under the lock) and does that
+//! descriptor's DMA bound to it. A reset quiesces the gate before it
+//! returns, so nothing taken before it (a descriptor fetched, a frame
+//! waiting for a buffer) reaches guest memory after it.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,31 +19,29 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use p2plab_dma::{BusTarget, GuestMemory};
+use p2plab_dma::{BusTarget, DmaFault, DmaFaultKind, GuestMemory};
 use p2plab_fault::{ArmedReport, NicFaultSpec, NicInjector};
+use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
+use p2plab_kit::{
+    arm_spec, counters_with, Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout,
+};
 
 use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
 use crate::regs::*;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::wire::{Frame, SendError, Wire};
 
-/// How the engines signal an MSI-X vector. Never called with the lock
-/// held.
-pub trait InterruptSink: Send + Sync + 'static {
-    /// Signals `vector`.
-    fn notify(&self, vector: u16);
-}
-
 /// How long the RX engine waits for a frame before it looks at the
 /// registers again.
 const RX_POLL: Duration = Duration::from_millis(20);
 
 /// One descriptor an engine works on: which ring, under which
-/// generation, at which bus address.
+/// generation and DMA epoch, at which bus address.
 #[derive(Debug, Clone, Copy)]
 struct Work {
     dir: Dir,
     generation: u64,
+    epoch: Epoch,
     slot: u64,
 }
 
@@ -69,8 +73,8 @@ impl Ring {
 
 /// What the RX engine does next.
 enum RxWait {
-    /// Fill the descriptor at this slot (generation, slot).
-    Work(u64, u64),
+    /// Fill the descriptor of this work.
+    Work(Work),
     /// RX is disabled: take frames off the wire and drop them.
     Drain,
     /// The device is shutting down.
@@ -87,8 +91,8 @@ enum Dir {
 impl Dir {
     fn cause(self) -> u32 {
         match self {
-            Dir::Tx => INT_TX,
-            Dir::Rx => INT_RX,
+            Dir::Tx => IntCauses::TX.raw(),
+            Dir::Rx => IntCauses::RX.raw(),
         }
     }
 
@@ -122,7 +126,7 @@ impl Registers {
             tx: Ring::default(),
             rx: Ring::default(),
             int_status: 0,
-            int_mask: INT_ALL,
+            int_mask: IntCauses::ALL.raw(),
             bus_master: false,
             shutdown: false,
         }
@@ -136,29 +140,15 @@ impl Registers {
     }
 
     fn status(&self, link_up: bool) -> u32 {
-        let mut s = STATUS_READY;
-        if link_up {
-            s |= STATUS_LINK_UP;
-        }
-        if self.tx.enabled {
-            s |= STATUS_TX_ENABLED;
-        }
-        if self.rx.enabled {
-            s |= STATUS_RX_ENABLED;
-        }
-        if self.bus_master {
-            s |= STATUS_BUS_MASTER;
-        }
-        if self.tx.halted || self.rx.halted {
-            s |= STATUS_HALTED;
-        }
-        if self.tx.busy {
-            s |= STATUS_TX_BUSY;
-        }
-        if self.rx.busy {
-            s |= STATUS_RX_BUSY;
-        }
-        s
+        DeviceStatus::READY
+            .with(DeviceStatus::LINK_UP, link_up)
+            .with(DeviceStatus::TX_ENABLED, self.tx.enabled)
+            .with(DeviceStatus::RX_ENABLED, self.rx.enabled)
+            .with(DeviceStatus::BUS_MASTER, self.bus_master)
+            .with(DeviceStatus::HALTED, self.tx.halted || self.rx.halted)
+            .with(DeviceStatus::TX_BUSY, self.tx.busy)
+            .with(DeviceStatus::RX_BUSY, self.rx.busy)
+            .raw()
     }
 
     /// Raises `cause`; whether an MSI-X should go out now.
@@ -171,7 +161,7 @@ impl Registers {
     fn halt(&mut self, dir: Dir, error: RingError) -> bool {
         self.ring(dir).halted = true;
         self.error = error.code();
-        self.raise(INT_ERROR)
+        self.raise(IntCauses::ERROR.raw())
     }
 }
 
@@ -179,8 +169,10 @@ impl Registers {
 struct Device {
     regs: Mutex<Registers>,
     wake: Condvar,
-    memory: Arc<dyn GuestMemory>,
-    irq: Arc<dyn InterruptSink>,
+    /// Guest memory behind Bus Master Enable and the reset epoch.
+    gate: DmaGate,
+    /// Never called with the lock held.
+    irq: Arc<dyn Interrupts>,
     wire: Wire,
     mtu: u32,
     stats: Stats,
@@ -208,6 +200,19 @@ impl Device {
         self.lock().ring(dir).generation
     }
 
+    /// Counts a failed DMA, unless it failed because a reset overtook its
+    /// work (that is no device error: the work is gone). Whether it
+    /// counted.
+    fn dma_failed(&self, what: &str, fault: &DmaFault) -> bool {
+        if fault.kind == DmaFaultKind::Reset {
+            tracing::debug!(error = %fault, "{what} refused: reset since");
+            return false;
+        }
+        tracing::debug!(error = %fault, "{what} failed");
+        Stats::add(&self.stats.dma_errors, 1);
+        true
+    }
+
     /// Halts `dir` if its generation is still `generation`.
     fn ring_error(&self, dir: Dir, generation: u64, error: RingError) {
         let notify = {
@@ -230,22 +235,20 @@ impl Device {
         let Work {
             dir,
             generation,
+            epoch,
             slot,
         } = work;
         if self.generation(dir) != generation {
             return;
         }
-        let written = self
-            .memory
+        let memory = self.gate.bound(epoch);
+        let written = memory
             .write_u32(slot + DESC_DONE_LEN, done_len)
-            .and_then(|()| {
-                self.memory
-                    .write(slot + DESC_STATUS, &status.code().to_le_bytes())
-            });
+            .and_then(|()| memory.write(slot + DESC_STATUS, &status.code().to_le_bytes()));
         if let Err(e) = written {
-            tracing::debug!(error = %e, "descriptor write-back failed");
-            Stats::add(&self.stats.dma_errors, 1);
-            self.ring_error(dir, generation, RingError::RingDma);
+            if self.dma_failed("descriptor write-back", &e) {
+                self.ring_error(dir, generation, RingError::RingDma);
+            }
             return;
         }
         let notify = {
@@ -278,9 +281,9 @@ impl Device {
         self.wake.notify_all();
     }
 
-    /// Waits until `dir` has a descriptor to work on; its generation, slot
-    /// and the frame limit, or `None` at shutdown.
-    fn next_descriptor(&self, dir: Dir) -> Option<(u64, u64)> {
+    /// Waits until `dir` has a descriptor to work on, or `None` at
+    /// shutdown.
+    fn next_descriptor(&self, dir: Dir) -> Option<Work> {
         let mut regs = self.lock();
         // Whatever the engine held is done with (or abandoned).
         regs.ring(dir).busy = false;
@@ -292,30 +295,35 @@ impl Device {
             let ring = regs.ring(dir);
             if ring.runnable(bus_master) {
                 ring.busy = true;
-                return Some((ring.generation, ring.slot()));
+                return Some(Work {
+                    dir,
+                    generation: ring.generation,
+                    epoch: self.gate.epoch(),
+                    slot: ring.slot(),
+                });
             }
             regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
-    /// Reads and parses the descriptor at `slot`; `Err(None)` when the
-    /// ring halted.
-    fn fetch(
-        &self,
-        dir: Dir,
-        generation: u64,
-        slot: u64,
-    ) -> Result<Descriptor, Option<(bool, Status)>> {
+    /// Reads and parses the descriptor of `work`; `Err(None)` when the
+    /// ring halted or a reset overtook it.
+    fn fetch(&self, work: Work) -> Result<Descriptor, Option<(bool, Status)>> {
+        let Work {
+            dir,
+            generation,
+            epoch,
+            slot,
+        } = work;
         let mut raw = [0u8; DESC_SIZE as usize];
-        if let Err(e) = self.memory.read(slot, &mut raw) {
-            tracing::debug!(error = %e, "descriptor fetch failed");
-            Stats::add(&self.stats.dma_errors, 1);
-            self.ring_error(dir, generation, RingError::RingDma);
+        if let Err(e) = self.gate.bound(epoch).read(slot, &mut raw) {
+            if self.dma_failed("descriptor fetch", &e) {
+                self.ring_error(dir, generation, RingError::RingDma);
+            }
             return Err(None);
         }
-        let irq = u16::from_le_bytes([raw[DESC_FLAGS as usize], raw[DESC_FLAGS as usize + 1]])
-            & DESC_FLAG_IRQ
-            != 0;
+        let flags = u16::from_le_bytes([raw[DESC_FLAGS as usize], raw[DESC_FLAGS as usize + 1]]);
+        let irq = DescFlags::from_raw(flags).contains(DescFlags::IRQ);
         Descriptor::parse(&raw, self.mtu, dir == Dir::Tx).map_err(|e| {
             tracing::debug!(ring = dir.name(), error = ?e, "bad descriptor");
             Some((irq, e.status()))
@@ -335,7 +343,12 @@ impl Device {
             let ring = &mut regs.rx;
             if ring.runnable(bus_master) {
                 ring.busy = true;
-                return RxWait::Work(ring.generation, ring.slot());
+                return RxWait::Work(Work {
+                    dir: Dir::Rx,
+                    generation: ring.generation,
+                    epoch: self.gate.epoch(),
+                    slot: ring.slot(),
+                });
             }
             if !ring.enabled {
                 return RxWait::Drain;
@@ -349,7 +362,7 @@ impl Device {
         // A peer's BAR, whichever path reaches it (messages through the
         // client, or the zero-copy peer window).
         if matches!(
-            self.memory.locate(addr, len),
+            self.gate.locate(addr, len),
             BusTarget::PeerBar | BusTarget::PeerDirect
         ) {
             Stats::add(counter, len);
@@ -358,40 +371,20 @@ impl Device {
 }
 
 fn tx_engine(device: &Device) {
-    while let Some((generation, slot)) = device.next_descriptor(Dir::Tx) {
-        let desc = match device.fetch(Dir::Tx, generation, slot) {
+    while let Some(work) = device.next_descriptor(Dir::Tx) {
+        let desc = match device.fetch(work) {
             Ok(desc) => desc,
             Err(None) => continue,
             Err(Some((irq, status))) => {
-                device.complete(
-                    Work {
-                        dir: Dir::Tx,
-                        generation,
-                        slot,
-                    },
-                    irq,
-                    status,
-                    0,
-                    false,
-                );
+                device.complete(work, irq, status, 0, false);
                 continue;
             }
         };
         let mut payload = vec![0u8; desc.len as usize];
-        if let Err(e) = device.memory.read(desc.addr, &mut payload) {
-            tracing::debug!(error = %e, "TX buffer read failed");
-            Stats::add(&device.stats.dma_errors, 1);
-            device.complete(
-                Work {
-                    dir: Dir::Tx,
-                    generation,
-                    slot,
-                },
-                desc.wants_irq(),
-                Status::DmaError,
-                0,
-                false,
-            );
+        if let Err(e) = device.gate.bound(work.epoch).read(desc.addr, &mut payload) {
+            if device.dma_failed("TX buffer read", &e) {
+                device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
+            }
             continue;
         }
         // The buffer is read: from here on the engine touches no guest
@@ -423,7 +416,8 @@ fn tx_engine(device: &Device) {
             Status::Ok
         } else {
             let give_up = || {
-                device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != generation
+                device.stopping.load(Ordering::SeqCst)
+                    || device.generation(Dir::Tx) != work.generation
             };
             match device.wire.send(frame, &give_up) {
                 Ok(()) => Status::Ok,
@@ -437,11 +431,7 @@ fn tx_engine(device: &Device) {
         }
         let done = if status == Status::Ok { desc.len } else { 0 };
         device.complete(
-            Work {
-                dir: Dir::Tx,
-                generation,
-                slot,
-            },
+            work,
             desc.wants_irq(),
             status,
             done,
@@ -452,10 +442,11 @@ fn tx_engine(device: &Device) {
 
 fn rx_engine(device: &Device) {
     // A frame taken off the wire and not yet in a buffer: it waits for
-    // the next descriptor (a bad descriptor consumes none).
+    // the next descriptor of the same ring generation (a bad descriptor
+    // consumes none); a reset or RX disable discards it.
     let mut pending: Option<(u64, Frame)> = None;
     loop {
-        let (generation, slot) = match device.rx_next() {
+        let work = match device.rx_next() {
             RxWait::Stop => return,
             RxWait::Drain => {
                 // RX is off: frames arriving now are dropped, as a NIC
@@ -475,24 +466,19 @@ fn rx_engine(device: &Device) {
                 }
                 continue;
             }
-            RxWait::Work(generation, slot) => (generation, slot),
+            RxWait::Work(work) => work,
         };
-        if pending.as_ref().is_some_and(|(g, _)| *g != generation) {
+        if pending.as_ref().is_some_and(|(g, _)| *g != work.generation) {
             pending = None;
             Stats::add(&device.stats.rx_discarded, 1);
         }
         if pending.is_none() {
             match device.wire.recv_timeout(RX_POLL) {
-                Some(frame) => pending = Some((generation, frame)),
+                Some(frame) => pending = Some((work.generation, frame)),
                 None => continue,
             }
         }
-        let work = Work {
-            dir: Dir::Rx,
-            generation,
-            slot,
-        };
-        let desc = match device.fetch(Dir::Rx, generation, slot) {
+        let desc = match device.fetch(work) {
             Ok(desc) => desc,
             Err(None) => continue,
             Err(Some((irq, status))) => {
@@ -504,10 +490,13 @@ fn rx_engine(device: &Device) {
             continue;
         };
         let len = frame.payload.len().min(desc.len as usize);
-        if let Err(e) = device.memory.write(desc.addr, &frame.payload[..len]) {
-            tracing::debug!(error = %e, "RX buffer write failed");
-            Stats::add(&device.stats.dma_errors, 1);
-            device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
+        let memory = device.gate.bound(work.epoch);
+        if let Err(e) = memory.write(desc.addr, &frame.payload[..len]) {
+            if device.dma_failed("RX buffer write", &e) {
+                device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
+            } else {
+                Stats::add(&device.stats.rx_discarded, 1);
+            }
             continue;
         }
         device.count_peer(&device.stats.rx_peer_bar_bytes, desc.addr, len as u64);
@@ -531,12 +520,6 @@ fn rx_engine(device: &Device) {
 #[derive(Clone)]
 pub struct NicControl(Arc<Device>);
 
-impl std::fmt::Debug for NicControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NicControl").finish_non_exhaustive()
-    }
-}
-
 impl NicControl {
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
@@ -550,46 +533,53 @@ impl NicControl {
         id
     }
 
-    /// Disarms every wire fault.
-    pub fn clear(&self) {
-        self.0.faults().clear();
-    }
-
     /// The armed faults and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
         self.0.faults().report()
-    }
-
-    /// What a function-level reset does.
-    pub fn reset(&self) {
-        reset_device(&self.0);
     }
 
     /// Whether the wire has a peer.
     pub fn link_up(&self) -> bool {
         self.0.wire.link_up()
     }
+}
 
-    /// The readable BAR0 registers by name (doorbells left out).
-    pub fn registers(&self) -> Vec<(&'static str, u64)> {
-        REGISTERS
-            .iter()
-            .filter(|(_, offset, _)| ![REG_TX_DOORBELL, REG_RX_DOORBELL].contains(offset))
-            .map(|&(name, offset, wide)| {
-                let low = read_dword(&self.0, offset);
-                let high = if wide {
-                    read_dword(&self.0, offset + 4)
-                } else {
-                    0
-                };
-                (name, u64::from(high) << 32 | u64::from(low))
-            })
-            .collect()
+impl DeviceControl for NicControl {
+    /// The counters and whether the wire has a peer, flat.
+    fn counters(&self) -> serde_json::Value {
+        counters_with(self.stats(), &[("link_up", self.link_up().into())])
     }
 
-    /// The device's trace recorder.
-    pub fn tracer(&self) -> &p2plab_trace::Tracer {
+    fn inject(&self, spec: &str) -> Result<Armed, String> {
+        arm_spec(spec, |spec| Ok(NicControl::inject(self, spec)))
+    }
+
+    /// Disarms every wire fault.
+    fn clear(&self) {
+        self.0.faults().clear();
+    }
+
+    /// What a function-level reset does (see [`Nic::reset`]).
+    fn reset(&self) -> Result<(), String> {
+        reset_device(&self.0).map_err(|e| e.to_string())
+    }
+
+    /// The readable BAR0 registers by name (the write-only doorbells
+    /// left out), as the guest would read them now.
+    fn registers(&self) -> Option<Vec<(&'static str, u64)>> {
+        let link = self.link_up();
+        let regs = self.0.lock();
+        Some(register_values::<Reg>(|reg| {
+            read_register(&self.0, &regs, link, reg)
+        }))
+    }
+
+    fn tracer(&self) -> &p2plab_trace::Tracer {
         &self.0.trace
+    }
+
+    fn fault_report(&self) -> serde_json::Value {
+        serde_json::to_value(self.report()).unwrap_or_default()
     }
 }
 
@@ -614,12 +604,12 @@ impl Nic {
         wire: Wire,
         mtu: u32,
         memory: Arc<dyn GuestMemory>,
-        irq: Arc<dyn InterruptSink>,
+        irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
         let device = Arc::new(Device {
             regs: Mutex::new(Registers::new()),
             wake: Condvar::new(),
-            memory,
+            gate: DmaGate::new(memory),
             irq,
             wire,
             mtu: mtu.clamp(MIN_MTU, MAX_MTU),
@@ -656,40 +646,28 @@ impl Nic {
     }
 
     /// A trapped BAR0 read of any size, assembled from the dwords it
-    /// covers; bytes past the BAR read 0xff.
+    /// covers; reserved offsets read 0, bytes past the BAR 0xff.
     pub fn regs_read(&self, offset: u64, data: &mut [u8]) {
-        for (i, byte) in data.iter_mut().enumerate() {
-            let at = offset.saturating_add(i as u64);
-            *byte = if at < REGS_BAR_SIZE {
-                (read_dword(&self.device, at & !3) >> ((at & 3) * 8)) as u8
-            } else {
-                0xff
-            };
-        }
+        let link = self.device.wire.link_up();
+        let regs = self.device.lock();
+        read_bytes(offset, data, REGS_BAR_SIZE, |at| {
+            Reg::at(at).map_or(0, |(reg, half)| {
+                half.of(read_register(&self.device, &regs, link, reg))
+            })
+        });
     }
 
     /// A trapped BAR0 write: aligned dwords, or aligned qwords (low dword
     /// first). Anything else is ignored and counted.
     pub fn regs_write(&self, offset: u64, data: &[u8]) {
-        let dwords: Vec<(u64, u32)> = match data.len() {
-            4 if offset.is_multiple_of(4) => vec![(offset, le32(data, 0))],
-            8 if offset.is_multiple_of(8) => {
-                vec![(offset, le32(data, 0)), (offset + 4, le32(data, 4))]
-            }
-            _ => {
-                tracing::debug!(
-                    offset,
-                    len = data.len(),
-                    "unsupported register write ignored"
-                );
-                Stats::add(&self.device.stats.bad_register_accesses, 1);
-                return;
-            }
+        let refused = &self.device.stats.bad_register_accesses;
+        let Some((dwords, count)) = accepted_write_dwords(offset, data, 8, refused) else {
+            return;
         };
         let mut notify = false;
         {
             let mut regs = self.device.lock();
-            for (at, value) in dwords {
+            for &(at, value) in &dwords[..count] {
                 notify |= write_dword(&self.device, &mut regs, at, value);
             }
         }
@@ -701,17 +679,20 @@ impl Nic {
 
     /// Bus Master Enable changed in the PCI command register.
     pub fn set_bus_master(&self, enabled: bool) {
+        self.device.gate.set_bus_master(enabled);
         self.device.lock().bus_master = enabled;
         self.device.wake.notify_all();
     }
 
     /// Device reset: registers to power-on values, work in flight dropped.
-    pub fn reset(&self) {
-        reset_device(&self.device);
+    /// Returns once the DMA gate is quiesced: nothing the engines took
+    /// before the reset reaches guest memory any more.
+    pub fn reset(&self) -> Result<(), QuiesceTimeout> {
+        reset_device(&self.device)
     }
 }
 
-fn reset_device(device: &Device) {
+fn reset_device(device: &Device) -> Result<(), QuiesceTimeout> {
     {
         let mut regs = device.lock();
         let fresh = Registers {
@@ -737,77 +718,66 @@ fn reset_device(device: &Device) {
     device
         .trace
         .record("reset", || serde_json::json!({"name": "device reset"}));
+    device.gate.quiesce()
 }
 
-fn le32(data: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    if let Some(src) = data.get(at..at + 4) {
-        w.copy_from_slice(src);
-    }
-    u32::from_le_bytes(w)
-}
-
-fn read_dword(device: &Device, offset: u64) -> u32 {
-    let link = device.wire.link_up();
-    let regs = device.lock();
-    match offset {
-        REG_ID => ID_MAGIC,
-        REG_VERSION => VERSION,
-        REG_MTU => device.mtu,
-        REG_STATUS => regs.status(link),
-        REG_CTRL => regs.ctrl,
-        REG_ERROR => regs.error,
-        REG_SCRATCH => regs.scratch,
-        REG_TX_RING_BASE => regs.tx.base as u32,
-        o if o == REG_TX_RING_BASE + 4 => (regs.tx.base >> 32) as u32,
-        REG_TX_RING_SIZE => regs.tx.size,
-        REG_TX_HEAD => regs.tx.head,
-        REG_TX_TAIL => regs.tx.tail,
-        REG_RX_RING_BASE => regs.rx.base as u32,
-        o if o == REG_RX_RING_BASE + 4 => (regs.rx.base >> 32) as u32,
-        REG_RX_RING_SIZE => regs.rx.size,
-        REG_RX_HEAD => regs.rx.head,
-        REG_RX_TAIL => regs.rx.tail,
-        REG_INT_STATUS => regs.int_status,
-        REG_INT_MASK => regs.int_mask,
-        _ => 0,
+/// What `reg` reads now (write-only ones read 0).
+fn read_register(device: &Device, regs: &Registers, link_up: bool, reg: Reg) -> u64 {
+    match reg {
+        Reg::Id => ID_MAGIC.into(),
+        Reg::Version => VERSION.into(),
+        Reg::Mtu => device.mtu.into(),
+        Reg::Status => regs.status(link_up).into(),
+        Reg::Ctrl => regs.ctrl.into(),
+        Reg::Error => regs.error.into(),
+        Reg::Scratch => regs.scratch.into(),
+        Reg::TxRingBase => regs.tx.base,
+        Reg::TxRingSize => regs.tx.size.into(),
+        Reg::TxHead => regs.tx.head.into(),
+        Reg::TxTail => regs.tx.tail.into(),
+        Reg::RxRingBase => regs.rx.base,
+        Reg::RxRingSize => regs.rx.size.into(),
+        Reg::RxHead => regs.rx.head.into(),
+        Reg::RxTail => regs.rx.tail.into(),
+        Reg::IntStatus => regs.int_status.into(),
+        Reg::IntMask => regs.int_mask.into(),
+        Reg::TxDoorbell | Reg::RxDoorbell => 0,
     }
 }
 
 /// One dword write under the lock; whether an interrupt must go out.
 fn write_dword(device: &Device, regs: &mut Registers, offset: u64, value: u32) -> bool {
-    let set_base = |ring: &mut Ring, high: bool| {
+    let set_base = |ring: &mut Ring, half: Half| {
         if !ring.enabled {
-            ring.base = if high {
-                (ring.base & 0xffff_ffff) | u64::from(value) << 32
-            } else {
-                (ring.base & !0xffff_ffff) | u64::from(value)
-            };
+            ring.base = half.replace(ring.base, value);
         }
     };
-    match offset {
-        REG_SCRATCH => regs.scratch = value,
-        REG_CTRL => {
+    let Some((reg, half)) = Reg::at(offset) else {
+        tracing::debug!(offset, value, "write to a reserved offset ignored");
+        return false;
+    };
+    match reg {
+        Reg::Scratch => regs.scratch = value,
+        Reg::Ctrl => {
+            let ctrl = Ctrl::from_raw(value);
             let mut notify = false;
-            for (dir, bit) in [(Dir::Tx, CTRL_TX_ENABLE), (Dir::Rx, CTRL_RX_ENABLE)] {
+            for (dir, bit) in [(Dir::Tx, Ctrl::TX_ENABLE), (Dir::Rx, Ctrl::RX_ENABLE)] {
                 let was_halted = regs.ring(dir).halted;
-                notify |= set_enable(regs, dir, value & bit != 0);
+                notify |= set_enable(regs, dir, ctrl.contains(bit));
                 if regs.ring(dir).halted && !was_halted {
                     Stats::add(&device.stats.ring_errors, 1);
                 }
             }
-            regs.ctrl = value & (CTRL_TX_ENABLE | CTRL_RX_ENABLE);
+            regs.ctrl = ctrl.known().raw();
             return notify;
         }
-        REG_TX_RING_BASE => set_base(&mut regs.tx, false),
-        o if o == REG_TX_RING_BASE + 4 => set_base(&mut regs.tx, true),
-        REG_RX_RING_BASE => set_base(&mut regs.rx, false),
-        o if o == REG_RX_RING_BASE + 4 => set_base(&mut regs.rx, true),
-        REG_TX_RING_SIZE if !regs.tx.enabled => regs.tx.size = value,
-        REG_RX_RING_SIZE if !regs.rx.enabled => regs.rx.size = value,
-        REG_TX_DOORBELL | REG_RX_DOORBELL => {
+        Reg::TxRingBase => set_base(&mut regs.tx, half),
+        Reg::RxRingBase => set_base(&mut regs.rx, half),
+        Reg::TxRingSize if !regs.tx.enabled => regs.tx.size = value,
+        Reg::RxRingSize if !regs.rx.enabled => regs.rx.size = value,
+        Reg::TxDoorbell | Reg::RxDoorbell => {
             Stats::add(&device.stats.doorbells, 1);
-            let dir = if offset == REG_TX_DOORBELL {
+            let dir = if reg == Reg::TxDoorbell {
                 Dir::Tx
             } else {
                 Dir::Rx
@@ -822,15 +792,15 @@ fn write_dword(device: &Device, regs: &mut Registers, offset: u64, value: u32) -
             }
             ring.tail = value;
         }
-        REG_INT_STATUS => regs.int_status &= !value,
-        REG_INT_MASK => {
-            regs.int_mask = value & INT_ALL;
+        Reg::IntStatus => regs.int_status &= !value,
+        Reg::IntMask => {
+            regs.int_mask = IntCauses::from_raw(value).known().raw();
             return regs.int_status & !regs.int_mask != 0;
         }
         _ => tracing::debug!(
-            offset,
+            register = reg.name(),
             value,
-            "write to a read-only or reserved offset ignored"
+            "write to a read-only register ignored"
         ),
     }
     false

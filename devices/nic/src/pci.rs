@@ -2,75 +2,29 @@
 //! and p2plab-pci's [`PciFunction`].
 
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
+use p2plab_kit::pci::pcie_endpoint;
+use p2plab_kit::{DeviceControl, LateInterrupts, PciIds, ServedDevice};
 use p2plab_pci::{
-    BarSpec, BuildError, ConfigChange, ConfigSpace, ConfigSpaceBuilder, Delivery,
-    InterruptController, LinkSpeed, MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarSpec, BuildError, ConfigChange, ConfigSpace, LinkSpeed, PciFunction, PciModel,
 };
 use p2plab_vfio_user::DeviceError;
 
-use crate::model::{InterruptSink, Nic};
+use crate::model::Nic;
 use crate::regs::*;
 use crate::wire::Wire;
 
-/// The PCI identity of the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NicIds {
-    pub vendor_id: u16,
-    pub device_id: u16,
-}
-
-impl Default for NicIds {
-    fn default() -> Self {
-        Self {
-            vendor_id: DEFAULT_VENDOR_ID,
-            device_id: DEFAULT_DEVICE_ID,
-        }
-    }
-}
-
 /// Config space: class 0x0200, BAR0 registers, BAR4 MSI-X, Power
 /// Management, MSI-X and a PCIe endpoint capability (Gen4 x8).
-pub fn config_space(ids: &NicIds) -> Result<ConfigSpace, BuildError> {
-    ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
-        .subsystem(ids.vendor_id, ids.device_id)
-        .class_code(CLASS_CODE.0, CLASS_CODE.1, CLASS_CODE.2)
-        .revision(REVISION_ID)
+pub fn config_space(ids: &PciIds) -> Result<ConfigSpace, BuildError> {
+    let builder = ids
+        .config_space(CLASS_CODE)
         .bar(usize::from(REGS_BAR), BarSpec::memory32(REGS_BAR_SIZE))
-        .bar(usize::from(MSIX_BAR), BarSpec::memory32(MSIX_BAR_SIZE))
         .power_management()
-        .msix(MsixCapSpec {
-            vectors: MSIX_VECTORS,
-            table_bar: MSIX_BAR,
-            table_offset: MSIX_TABLE_OFFSET,
-            pba_bar: MSIX_BAR,
-            pba_offset: MSIX_PBA_OFFSET,
-        })
-        .pcie(PcieCapSpec {
-            link_speed: LinkSpeed::Gen4,
-            link_width: 8,
-            max_payload_size: 256,
-        })
-        .build()
-}
-
-/// Forwards engine interrupts to the function's interrupt controller,
-/// which exists only once the [`PciFunction`] is built.
-#[derive(Debug, Default)]
-struct LateInterrupts(OnceLock<Arc<InterruptController>>);
-
-impl InterruptSink for LateInterrupts {
-    fn notify(&self, vector: u16) {
-        match self.0.get().map(|irq| irq.notify(vector)) {
-            Some(Delivery::Signalled) => tracing::trace!(vector, "MSI-X sent"),
-            Some(Delivery::Pending) => tracing::debug!(vector, "interrupt pending (masked)"),
-            Some(Delivery::Dropped) | None => {
-                tracing::debug!(vector, "interrupt dropped: no MSI-X/INTx enabled and bound")
-            }
-        }
-    }
+        .pcie(pcie_endpoint(LinkSpeed::Gen4, 8));
+    MSIX.add_to(builder).build()
 }
 
 /// [`Nic`] seen through p2plab-pci's [`PciModel`].
@@ -89,17 +43,16 @@ impl NicFunction {
 /// Builds the whole PCI function; the engines reach guest memory through
 /// `memory` and frames go out on `wire`.
 pub fn nic_function(
-    ids: &NicIds,
+    ids: &PciIds,
     wire: Wire,
     mtu: u32,
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<NicFunction>, NicError> {
     let config = config_space(ids).map_err(|e| NicError::Config(e.0))?;
-    let irq = Arc::new(LateInterrupts::default());
+    let irq = LateInterrupts::new();
     let nic = Nic::new(wire, mtu, memory, irq.clone()).map_err(NicError::Thread)?;
     Ok(PciFunction::new(config, |controller| {
-        // The cell is fresh, so this cannot fail.
-        let _ = irq.0.set(controller);
+        irq.bind(controller);
         NicFunction { nic }
     }))
 }
@@ -134,14 +87,24 @@ impl PciModel for NicFunction {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
+        // Config space is already back to power-on: COMMAND is 0.
         self.nic.set_bus_master(false);
-        self.nic.reset();
+        self.nic
+            .reset()
+            .map_err(|_| DeviceError::new(libc::ETIMEDOUT, "engine DMA did not quiesce"))
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
         if let ConfigChange::CommandChanged { new, .. } = change {
             self.nic.set_bus_master(new.bus_master());
         }
+    }
+}
+
+/// The NIC shares no BAR with peers: it only DMAs into theirs.
+impl ServedDevice for NicFunction {
+    fn control(&self) -> Arc<dyn DeviceControl> {
+        Arc::new(self.nic.control())
     }
 }

@@ -3,32 +3,25 @@
 //!
 //! The guest driver spells the same things in C in
 //! `guest-driver/p2plab_nic_hw.h`; `tests/guest_header.rs` compares every
-//! name and value both ways, so change both together.
+//! name and value both ways, so change both together. Registers and bits
+//! are declared with p2plab-kit's `registers!` and `bit_flags!`, named as
+//! in the header after `NIC_REG_`, `NIC_STATUS_`...
 
-/// PCI vendor ID (shared with the other p2plab devices, unassigned in
-/// pci.ids, so no in-tree driver claims it).
-pub const DEFAULT_VENDOR_ID: u16 = 0x5032;
-/// PCI device ID ("NI").
-pub const DEFAULT_DEVICE_ID: u16 = 0x4e49;
-/// PCI revision ID.
-pub const REVISION_ID: u8 = 1;
-/// Network controller, Ethernet, prog-if 0 (base, sub, prog-if).
-pub const CLASS_CODE: (u8, u8, u8) = (0x02, 0x00, 0x00);
+pub use p2plab_kit::{ClassCode, MsixBar, PciIds};
+
+/// The identity without flags: p2plab's vendor ID (shared by its
+/// devices), device ID "NI", revision 1.
+pub const DEFAULT_IDS: PciIds = PciIds::new(p2plab_kit::P2PLAB_VENDOR_ID, 0x4e49);
+/// Network controller, Ethernet, prog-if 0.
+pub const CLASS_CODE: ClassCode = ClassCode::new(0x02, 0x00, 0x00);
 
 /// BAR0: trapped control registers, 32-bit memory.
 pub const REGS_BAR: u8 = 0;
 /// Size of BAR0.
 pub const REGS_BAR_SIZE: u64 = 4096;
-/// BAR4: MSI-X table and PBA (owned by the PCI layer).
-pub const MSIX_BAR: u8 = 4;
-/// Size of BAR4.
-pub const MSIX_BAR_SIZE: u64 = 4096;
-/// Where the MSI-X table starts in BAR4.
-pub const MSIX_TABLE_OFFSET: u32 = 0;
-/// Where the MSI-X Pending Bit Array starts in BAR4.
-pub const MSIX_PBA_OFFSET: u32 = 2048;
-/// One vector for every cause (INT_STATUS says which).
-pub const MSIX_VECTORS: u16 = 1;
+/// BAR4: the MSI-X table and PBA (owned by the PCI layer), with one
+/// vector for every cause (INT_STATUS says which).
+pub const MSIX: MsixBar = MsixBar { bar: 4, vectors: 1 };
 /// The vector both engines signal.
 pub const NIC_VECTOR: u16 = 0;
 
@@ -50,103 +43,99 @@ pub const MIN_MTU: u32 = 256;
 /// Frame limit without `--mtu`: 64 KiB, so 256 MiB is 4096 frames.
 pub const DEFAULT_MTU: u32 = 64 << 10;
 
-/// BAR0 registers: (name as in the C header after `REG_`, offset, 64-bit).
-pub const REGISTERS: &[(&str, u64, bool)] = &[
-    ("ID", REG_ID, false),
-    ("VERSION", REG_VERSION, false),
-    ("MTU", REG_MTU, false),
-    ("STATUS", REG_STATUS, false),
-    ("CTRL", REG_CTRL, false),
-    ("ERROR", REG_ERROR, false),
-    ("SCRATCH", REG_SCRATCH, false),
-    ("TX_RING_BASE", REG_TX_RING_BASE, true),
-    ("TX_RING_SIZE", REG_TX_RING_SIZE, false),
-    ("TX_HEAD", REG_TX_HEAD, false),
-    ("TX_DOORBELL", REG_TX_DOORBELL, false),
-    ("TX_TAIL", REG_TX_TAIL, false),
-    ("RX_RING_BASE", REG_RX_RING_BASE, true),
-    ("RX_RING_SIZE", REG_RX_RING_SIZE, false),
-    ("RX_HEAD", REG_RX_HEAD, false),
-    ("RX_DOORBELL", REG_RX_DOORBELL, false),
-    ("RX_TAIL", REG_RX_TAIL, false),
-    ("INT_STATUS", REG_INT_STATUS, false),
-    ("INT_MASK", REG_INT_MASK, false),
-];
+p2plab_kit::registers! {
+    /// A BAR0 register, named as in the C header after `NIC_REG_`.
+    pub enum Reg, offsets in reg {
+        /// [`ID_MAGIC`].
+        Id(ID) = 0x000, Bits32, ReadOnly;
+        /// [`VERSION`].
+        Version(VERSION) = 0x004, Bits32, ReadOnly;
+        /// The largest frame in bytes (`--mtu`).
+        Mtu(MTU) = 0x008, Bits32, ReadOnly;
+        /// [`DeviceStatus`] bits.
+        Status(STATUS) = 0x00c, Bits32, ReadOnly;
+        /// [`Ctrl`] bits.
+        Ctrl(CTRL) = 0x010, Bits32, ReadWrite;
+        /// Status code of the most recent ring-level error (0: none);
+        /// cleared when a ring is enabled and by reset.
+        Error(ERROR) = 0x014, Bits32, ReadOnly;
+        /// Free for the driver.
+        Scratch(SCRATCH) = 0x018, Bits32, ReadWrite;
+        /// TX ring base (guest-physical, descriptor aligned); ignored
+        /// while TX is enabled.
+        TxRingBase(TX_RING_BASE) = 0x020, Bits64, ReadWrite;
+        /// TX ring size in entries; ignored while TX is enabled.
+        TxRingSize(TX_RING_SIZE) = 0x028, Bits32, ReadWrite;
+        /// Index of the next TX descriptor the device takes.
+        TxHead(TX_HEAD) = 0x02c, Bits32, ReadOnly;
+        /// Writing `v` makes `v` the TX tail and wakes the TX engine.
+        TxDoorbell(TX_DOORBELL) = 0x030, Bits32, WriteOnly;
+        /// The TX tail.
+        TxTail(TX_TAIL) = 0x034, Bits32, ReadOnly;
+        /// RX ring base.
+        RxRingBase(RX_RING_BASE) = 0x040, Bits64, ReadWrite;
+        /// RX ring size in entries.
+        RxRingSize(RX_RING_SIZE) = 0x048, Bits32, ReadWrite;
+        /// Index of the next RX descriptor the device fills.
+        RxHead(RX_HEAD) = 0x04c, Bits32, ReadOnly;
+        /// Writing `v` makes `v` the RX tail (buffers posted up to it).
+        RxDoorbell(RX_DOORBELL) = 0x050, Bits32, WriteOnly;
+        /// The RX tail.
+        RxTail(RX_TAIL) = 0x054, Bits32, ReadOnly;
+        /// [`IntCauses`] raised and not yet cleared (write 1 to clear).
+        IntStatus(INT_STATUS) = 0x060, Bits32, ReadWrite1Clear;
+        /// [`IntCauses`] masked (a set bit masks); all masked after reset.
+        IntMask(INT_MASK) = 0x064, Bits32, ReadWrite;
+    }
+}
 
-/// [`ID_MAGIC`], read-only.
-pub const REG_ID: u64 = 0x000;
-/// [`VERSION`], read-only.
-pub const REG_VERSION: u64 = 0x004;
-/// The largest frame in bytes (`--mtu`), read-only.
-pub const REG_MTU: u64 = 0x008;
-/// `STATUS_*` bits, read-only.
-pub const REG_STATUS: u64 = 0x00c;
-/// `CTRL_*` bits, read-write.
-pub const REG_CTRL: u64 = 0x010;
-/// Status code of the most recent ring-level error (0: none), read-only;
-/// cleared when a ring is enabled and by reset.
-pub const REG_ERROR: u64 = 0x014;
-/// Free for the driver.
-pub const REG_SCRATCH: u64 = 0x018;
-/// TX ring base (guest-physical, descriptor aligned), 64-bit; ignored
-/// while TX is enabled.
-pub const REG_TX_RING_BASE: u64 = 0x020;
-/// TX ring size in entries; ignored while TX is enabled.
-pub const REG_TX_RING_SIZE: u64 = 0x028;
-/// Index of the next TX descriptor the device takes, read-only.
-pub const REG_TX_HEAD: u64 = 0x02c;
-/// Writing `v` makes `v` the TX tail and wakes the TX engine.
-pub const REG_TX_DOORBELL: u64 = 0x030;
-/// The TX tail, read-only.
-pub const REG_TX_TAIL: u64 = 0x034;
-/// RX ring base, 64-bit.
-pub const REG_RX_RING_BASE: u64 = 0x040;
-/// RX ring size in entries.
-pub const REG_RX_RING_SIZE: u64 = 0x048;
-/// Index of the next RX descriptor the device fills, read-only.
-pub const REG_RX_HEAD: u64 = 0x04c;
-/// Writing `v` makes `v` the RX tail (buffers posted up to it).
-pub const REG_RX_DOORBELL: u64 = 0x050;
-/// The RX tail, read-only.
-pub const REG_RX_TAIL: u64 = 0x054;
-/// `INT_*` causes raised and not yet cleared (write 1 to clear).
-pub const REG_INT_STATUS: u64 = 0x060;
-/// `INT_*` causes masked (a set bit masks); all masked after reset.
-pub const REG_INT_MASK: u64 = 0x064;
+p2plab_kit::bit_flags! {
+    /// The STATUS register.
+    pub struct DeviceStatus(u32), prefix "STATUS_" {
+        /// Always set.
+        READY = 1 << 0;
+        /// The wire has a peer (always, for the loopback wire).
+        LINK_UP = 1 << 1;
+        /// CTRL.TX_ENABLE is set.
+        TX_ENABLED = 1 << 2;
+        /// CTRL.RX_ENABLE is set.
+        RX_ENABLED = 1 << 3;
+        /// Bus Master Enable in the PCI command register.
+        BUS_MASTER = 1 << 4;
+        /// An engine stopped on a ring-level error; disable and re-enable
+        /// that ring to recover.
+        HALTED = 1 << 5;
+        /// The TX engine may read a TX buffer (it took a descriptor and
+        /// has not finished reading its buffer). After clearing
+        /// CTRL.TX_ENABLE, the driver waits for this to clear before it
+        /// frees TX buffers.
+        TX_BUSY = 1 << 6;
+        /// The RX engine holds a descriptor (it may write its buffer).
+        RX_BUSY = 1 << 7;
+    }
+}
 
-/// STATUS: always set.
-pub const STATUS_READY: u32 = 1 << 0;
-/// STATUS: the wire has a peer (always, for the loopback wire).
-pub const STATUS_LINK_UP: u32 = 1 << 1;
-/// STATUS: CTRL.TX_ENABLE is set.
-pub const STATUS_TX_ENABLED: u32 = 1 << 2;
-/// STATUS: CTRL.RX_ENABLE is set.
-pub const STATUS_RX_ENABLED: u32 = 1 << 3;
-/// STATUS: Bus Master Enable in the PCI command register.
-pub const STATUS_BUS_MASTER: u32 = 1 << 4;
-/// STATUS: an engine stopped on a ring-level error; disable and re-enable
-/// that ring to recover.
-pub const STATUS_HALTED: u32 = 1 << 5;
-/// STATUS: the TX engine may read a TX buffer (it took a descriptor and
-/// has not finished reading its buffer). After clearing CTRL.TX_ENABLE,
-/// the driver waits for this to clear before it frees TX buffers.
-pub const STATUS_TX_BUSY: u32 = 1 << 6;
-/// STATUS: the RX engine holds a descriptor (it may write its buffer).
-pub const STATUS_RX_BUSY: u32 = 1 << 7;
+p2plab_kit::bit_flags! {
+    /// The CTRL register; other bits read as 0.
+    pub struct Ctrl(u32), prefix "CTRL_" {
+        /// The TX engine consumes the TX ring.
+        TX_ENABLE = 1 << 0;
+        /// The RX engine fills the RX ring.
+        RX_ENABLE = 1 << 1;
+    }
+}
 
-/// CTRL: the TX engine consumes the TX ring.
-pub const CTRL_TX_ENABLE: u32 = 1 << 0;
-/// CTRL: the RX engine fills the RX ring.
-pub const CTRL_RX_ENABLE: u32 = 1 << 1;
-
-/// Interrupt cause: a TX descriptor with `DESC_FLAG_IRQ` completed.
-pub const INT_TX: u32 = 1 << 0;
-/// Interrupt cause: an RX descriptor with `DESC_FLAG_IRQ` completed.
-pub const INT_RX: u32 = 1 << 1;
-/// Interrupt cause: an engine halted (see ERROR).
-pub const INT_ERROR: u32 = 1 << 2;
-/// Every interrupt cause.
-pub const INT_ALL: u32 = INT_TX | INT_RX | INT_ERROR;
+p2plab_kit::bit_flags! {
+    /// Interrupt causes: the INT_STATUS and INT_MASK registers.
+    pub struct IntCauses(u32), prefix "INT_" {
+        /// A TX descriptor with [`DescFlags::IRQ`] completed.
+        TX = 1 << 0;
+        /// An RX descriptor with [`DescFlags::IRQ`] completed.
+        RX = 1 << 1;
+        /// An engine halted (see ERROR).
+        ERROR = 1 << 2;
+    }
+}
 
 // ---- Descriptors (TX and RX rings share the layout) ----
 
@@ -166,7 +155,10 @@ pub const DESC_COOKIE: u64 = 16;
 /// Offset of the bytes the device moved (u32), written before status.
 pub const DESC_DONE_LEN: u64 = 24;
 
-/// Descriptor flag: raise the TX/RX interrupt cause when it completes.
-pub const DESC_FLAG_IRQ: u16 = 1 << 0;
-/// Every flag the device knows; others fail the descriptor.
-pub const DESC_FLAGS_ALL: u16 = DESC_FLAG_IRQ;
+p2plab_kit::bit_flags! {
+    /// A descriptor's flags; a flag without a name fails the descriptor.
+    pub struct DescFlags(u16), prefix "DESC_FLAG_" {
+        /// Raise the TX/RX interrupt cause when it completes.
+        IRQ = 1 << 0;
+    }
+}

@@ -20,37 +20,58 @@ fn rust_defines() -> BTreeMap<String, u64> {
         );
     };
     for (name, value) in [
-        ("P2PLAB_NIC_VENDOR_ID", u64::from(DEFAULT_VENDOR_ID)),
-        ("P2PLAB_NIC_DEVICE_ID", DEFAULT_DEVICE_ID.into()),
+        ("P2PLAB_NIC_VENDOR_ID", DEFAULT_IDS.vendor_id.into()),
+        ("P2PLAB_NIC_DEVICE_ID", DEFAULT_IDS.device_id.into()),
         ("P2PLAB_NIC_REGS_BAR", REGS_BAR.into()),
         ("P2PLAB_NIC_REGS_BAR_SIZE", REGS_BAR_SIZE),
-        ("P2PLAB_NIC_MSIX_BAR", MSIX_BAR.into()),
+        ("P2PLAB_NIC_MSIX_BAR", MSIX.bar.into()),
         ("P2PLAB_NIC_ID_MAGIC", ID_MAGIC.into()),
         ("P2PLAB_NIC_VERSION_MAJOR", VERSION_MAJOR.into()),
         ("P2PLAB_NIC_MIN_RING_ENTRIES", MIN_RING_ENTRIES.into()),
         ("P2PLAB_NIC_MAX_RING_ENTRIES", MAX_RING_ENTRIES.into()),
         ("P2PLAB_NIC_MAX_MTU", MAX_MTU.into()),
-        ("NIC_STATUS_READY", STATUS_READY.into()),
-        ("NIC_STATUS_LINK_UP", STATUS_LINK_UP.into()),
-        ("NIC_STATUS_TX_ENABLED", STATUS_TX_ENABLED.into()),
-        ("NIC_STATUS_RX_ENABLED", STATUS_RX_ENABLED.into()),
-        ("NIC_STATUS_BUS_MASTER", STATUS_BUS_MASTER.into()),
-        ("NIC_STATUS_HALTED", STATUS_HALTED.into()),
-        ("NIC_STATUS_TX_BUSY", STATUS_TX_BUSY.into()),
-        ("NIC_STATUS_RX_BUSY", STATUS_RX_BUSY.into()),
-        ("NIC_CTRL_TX_ENABLE", CTRL_TX_ENABLE.into()),
-        ("NIC_CTRL_RX_ENABLE", CTRL_RX_ENABLE.into()),
-        ("NIC_INT_TX", INT_TX.into()),
-        ("NIC_INT_RX", INT_RX.into()),
-        ("NIC_INT_ERROR", INT_ERROR.into()),
-        ("NIC_INT_ALL", INT_ALL.into()),
+        ("NIC_INT_ALL", IntCauses::ALL.raw().into()),
         ("NIC_DESC_SIZE", DESC_SIZE),
-        ("NIC_DESC_FLAG_IRQ", DESC_FLAG_IRQ.into()),
     ] {
         add(name, value);
     }
-    for (name, offset, _) in REGISTERS {
-        add(&format!("NIC_REG_{name}"), *offset);
+    for reg in Reg::ALL {
+        add(&format!("NIC_REG_{}", reg.name()), reg.offset());
+    }
+    let bits = [
+        (
+            DeviceStatus::PREFIX,
+            DeviceStatus::NAMED
+                .iter()
+                .map(|(n, b)| (*n, u64::from(b.raw())))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            Ctrl::PREFIX,
+            Ctrl::NAMED
+                .iter()
+                .map(|(n, b)| (*n, u64::from(b.raw())))
+                .collect(),
+        ),
+        (
+            IntCauses::PREFIX,
+            IntCauses::NAMED
+                .iter()
+                .map(|(n, b)| (*n, u64::from(b.raw())))
+                .collect(),
+        ),
+        (
+            DescFlags::PREFIX,
+            DescFlags::NAMED
+                .iter()
+                .map(|(n, b)| (*n, u64::from(b.raw())))
+                .collect(),
+        ),
+    ];
+    for (prefix, named) in bits {
+        for (name, value) in named {
+            add(&format!("NIC_{prefix}{name}"), value);
+        }
     }
     for status in Status::ALL {
         add(

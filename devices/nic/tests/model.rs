@@ -1,15 +1,15 @@
 //! The NIC model against fake guest memory and in-process wires: no
 //! socket, no QEMU. Each test names the broken device it would catch.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::GuestMemory;
+use p2plab_kit::testing::RecordingInterrupts;
 use p2plab_nic::descriptor::{encode, RingError, Status};
 use p2plab_nic::regs::*;
-use p2plab_nic::{InterruptSink, Nic, Wire};
+use p2plab_nic::{Nic, Wire};
 
 const RAM: u64 = 0x10_0000;
 const RAM_SIZE: usize = 4 << 20;
@@ -20,20 +20,10 @@ const RX_RING: u64 = RAM + 0x1000;
 const BUFFERS: u64 = RAM + 0x10_0000;
 const ENTRIES: u32 = 8;
 
-#[derive(Default)]
-struct CountingIrq(AtomicU64);
-
-impl InterruptSink for CountingIrq {
-    fn notify(&self, vector: u16) {
-        assert_eq!(vector, NIC_VECTOR);
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 struct Rig {
     nic: Nic,
     memory: Arc<FakeGuestMemory>,
-    irq: Arc<CountingIrq>,
+    irq: Arc<RecordingInterrupts>,
     tx_tail: u32,
     rx_tail: u32,
 }
@@ -49,7 +39,7 @@ fn memory() -> Arc<FakeGuestMemory> {
 impl Rig {
     fn new(wire: Wire) -> Self {
         let memory = memory();
-        let irq = Arc::new(CountingIrq::default());
+        let irq = RecordingInterrupts::new();
         let nic = Nic::new(wire, DEFAULT_MTU, memory.clone(), irq.clone()).unwrap();
         nic.set_bus_master(true);
         let mut rig = Rig {
@@ -68,12 +58,12 @@ impl Rig {
         let rig = self;
         rig.tx_tail = 0;
         rig.rx_tail = 0;
-        rig.write64(REG_TX_RING_BASE, TX_RING);
-        rig.write32(REG_TX_RING_SIZE, ENTRIES);
-        rig.write64(REG_RX_RING_BASE, RX_RING);
-        rig.write32(REG_RX_RING_SIZE, ENTRIES);
-        rig.write32(REG_INT_MASK, 0);
-        rig.write32(REG_CTRL, CTRL_TX_ENABLE | CTRL_RX_ENABLE);
+        rig.write64(reg::TX_RING_BASE, TX_RING);
+        rig.write32(reg::TX_RING_SIZE, ENTRIES);
+        rig.write64(reg::RX_RING_BASE, RX_RING);
+        rig.write32(reg::RX_RING_SIZE, ENTRIES);
+        rig.write32(reg::INT_MASK, 0);
+        rig.write32(reg::CTRL, Ctrl::TX_ENABLE.raw() | Ctrl::RX_ENABLE.raw());
     }
 
     fn write32(&self, reg: u64, value: u32) {
@@ -92,13 +82,13 @@ impl Rig {
 
     fn post(&mut self, tx: bool, addr: u64, len: u32, cookie: u64) -> u64 {
         let (ring, tail, doorbell) = if tx {
-            (TX_RING, &mut self.tx_tail, REG_TX_DOORBELL)
+            (TX_RING, &mut self.tx_tail, reg::TX_DOORBELL)
         } else {
-            (RX_RING, &mut self.rx_tail, REG_RX_DOORBELL)
+            (RX_RING, &mut self.rx_tail, reg::RX_DOORBELL)
         };
         let slot = ring + u64::from(*tail) * DESC_SIZE;
         self.memory
-            .write(slot, &encode(addr, len, DESC_FLAG_IRQ, cookie))
+            .write(slot, &encode(addr, len, DescFlags::IRQ.raw(), cookie))
             .unwrap();
         *tail = (*tail + 1) % ENTRIES;
         let value = *tail;
@@ -146,17 +136,20 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn loopback_moves_a_frame_from_ram_to_ram() {
     let mut rig = Rig::new(Wire::loopback());
-    assert_eq!(rig.read32(REG_ID), ID_MAGIC);
-    assert_eq!(rig.read32(REG_MTU), DEFAULT_MTU);
-    let status = rig.read32(REG_STATUS);
+    assert_eq!(rig.read32(reg::ID), ID_MAGIC);
+    assert_eq!(rig.read32(reg::MTU), DEFAULT_MTU);
+    let status = rig.read32(reg::STATUS);
     assert_eq!(
         status
-            & (STATUS_LINK_UP
-                | STATUS_TX_ENABLED
-                | STATUS_RX_ENABLED
-                | STATUS_BUS_MASTER
-                | STATUS_HALTED),
-        STATUS_LINK_UP | STATUS_TX_ENABLED | STATUS_RX_ENABLED | STATUS_BUS_MASTER
+            & (DeviceStatus::LINK_UP.raw()
+                | DeviceStatus::TX_ENABLED.raw()
+                | DeviceStatus::RX_ENABLED.raw()
+                | DeviceStatus::BUS_MASTER.raw()
+                | DeviceStatus::HALTED.raw()),
+        DeviceStatus::LINK_UP.raw()
+            | DeviceStatus::TX_ENABLED.raw()
+            | DeviceStatus::RX_ENABLED.raw()
+            | DeviceStatus::BUS_MASTER.raw()
     );
     let data = pattern(65536, 7);
     rig.memory.write(BUFFERS, &data).unwrap();
@@ -171,12 +164,20 @@ fn loopback_moves_a_frame_from_ram_to_ram() {
     assert_eq!((stats.tx_packets, stats.tx_bytes), (1, 65536));
     assert_eq!((stats.rx_packets, stats.rx_bytes), (1, 65536));
     assert_eq!((stats.tx_peer_bar_bytes, stats.rx_peer_bar_bytes), (0, 0));
-    assert_eq!(rig.read32(REG_TX_HEAD), 1);
-    assert_eq!(rig.read32(REG_RX_HEAD), 1);
-    assert_eq!(rig.read32(REG_INT_STATUS), INT_TX | INT_RX);
-    assert!(rig.irq.0.load(Ordering::SeqCst) >= 1);
-    rig.write32(REG_INT_STATUS, INT_TX | INT_RX);
-    assert_eq!(rig.read32(REG_INT_STATUS), 0);
+    assert_eq!(rig.read32(reg::TX_HEAD), 1);
+    assert_eq!(rig.read32(reg::RX_HEAD), 1);
+    assert_eq!(
+        rig.read32(reg::INT_STATUS),
+        IntCauses::TX.raw() | IntCauses::RX.raw()
+    );
+    assert!(rig.irq.count(NIC_VECTOR) >= 1);
+    assert_eq!(
+        rig.irq.count(NIC_VECTOR),
+        rig.irq.total(),
+        "only the NIC's vector"
+    );
+    rig.write32(reg::INT_STATUS, IntCauses::TX.raw() | IntCauses::RX.raw());
+    assert_eq!(rig.read32(reg::INT_STATUS), 0);
 }
 
 /// Would catch a wire that loses, reorders or mixes frames between two
@@ -315,12 +316,12 @@ fn bad_descriptors_and_buffers_complete_with_errors() {
         .write(slot, &encode(BUFFERS, 64, 0x80, 6))
         .unwrap();
     rig.tx_tail += 1;
-    rig.write32(REG_TX_DOORBELL, rig.tx_tail);
+    rig.write32(reg::TX_DOORBELL, rig.tx_tail);
     assert_eq!(rig.wait_done(slot).0, Status::BadDescriptor.code());
     let stats = rig.nic.control().stats();
     assert_eq!(stats.tx_errors, 4);
     assert_eq!((stats.rx_truncated, stats.rx_errors), (1, 1));
-    assert_eq!(rig.read32(REG_STATUS) & STATUS_HALTED, 0);
+    assert_eq!(rig.read32(reg::STATUS) & DeviceStatus::HALTED.raw(), 0);
 }
 
 /// Would catch an engine that runs without Bus Master Enable, accepts a
@@ -336,28 +337,32 @@ fn bus_master_ring_errors_and_reset() {
     rig.wait_done(tx);
     rig.wait_done(rx);
 
-    rig.write32(REG_TX_DOORBELL, ENTRIES);
-    assert_ne!(rig.read32(REG_STATUS) & STATUS_HALTED, 0);
-    assert_eq!(rig.read32(REG_ERROR), RingError::BadDoorbell.code());
-    assert_ne!(rig.read32(REG_INT_STATUS) & INT_ERROR, 0);
-    rig.write32(REG_CTRL, CTRL_RX_ENABLE);
-    rig.write32(REG_TX_RING_SIZE, 3);
-    rig.write32(REG_CTRL, CTRL_RX_ENABLE | CTRL_TX_ENABLE);
-    assert_eq!(rig.read32(REG_ERROR), RingError::BadRing.code());
-    rig.write32(REG_CTRL, CTRL_RX_ENABLE);
-    rig.write32(REG_TX_RING_SIZE, ENTRIES);
-    rig.write32(REG_CTRL, CTRL_RX_ENABLE | CTRL_TX_ENABLE);
-    assert_eq!(rig.read32(REG_STATUS) & STATUS_HALTED, 0);
-    assert_eq!(rig.read32(REG_ERROR), 0);
-    assert_eq!(rig.read32(REG_TX_HEAD), 0, "enable restarts the ring");
+    rig.write32(reg::TX_DOORBELL, ENTRIES);
+    assert_ne!(rig.read32(reg::STATUS) & DeviceStatus::HALTED.raw(), 0);
+    assert_eq!(rig.read32(reg::ERROR), RingError::BadDoorbell.code());
+    assert_ne!(rig.read32(reg::INT_STATUS) & IntCauses::ERROR.raw(), 0);
+    rig.write32(reg::CTRL, Ctrl::RX_ENABLE.raw());
+    rig.write32(reg::TX_RING_SIZE, 3);
+    rig.write32(reg::CTRL, Ctrl::RX_ENABLE.raw() | Ctrl::TX_ENABLE.raw());
+    assert_eq!(rig.read32(reg::ERROR), RingError::BadRing.code());
+    rig.write32(reg::CTRL, Ctrl::RX_ENABLE.raw());
+    rig.write32(reg::TX_RING_SIZE, ENTRIES);
+    rig.write32(reg::CTRL, Ctrl::RX_ENABLE.raw() | Ctrl::TX_ENABLE.raw());
+    assert_eq!(rig.read32(reg::STATUS) & DeviceStatus::HALTED.raw(), 0);
+    assert_eq!(rig.read32(reg::ERROR), 0);
+    assert_eq!(rig.read32(reg::TX_HEAD), 0, "enable restarts the ring");
 
-    rig.write32(REG_SCRATCH, 0x1234);
-    rig.nic.regs_write(REG_SCRATCH, &[1, 2]);
-    assert_eq!(rig.read32(REG_SCRATCH), 0x1234, "a 2-byte write is ignored");
-    rig.nic.reset();
-    assert_eq!(rig.read32(REG_SCRATCH), 0);
-    assert_eq!(rig.read32(REG_CTRL), 0);
-    assert_eq!(rig.read32(REG_INT_MASK), INT_ALL);
+    rig.write32(reg::SCRATCH, 0x1234);
+    rig.nic.regs_write(reg::SCRATCH, &[1, 2]);
+    assert_eq!(
+        rig.read32(reg::SCRATCH),
+        0x1234,
+        "a 2-byte write is ignored"
+    );
+    rig.nic.reset().unwrap();
+    assert_eq!(rig.read32(reg::SCRATCH), 0);
+    assert_eq!(rig.read32(reg::CTRL), 0);
+    assert_eq!(rig.read32(reg::INT_MASK), IntCauses::ALL.raw());
     let stats = rig.nic.control().stats();
     assert_eq!((stats.resets, stats.bad_register_accesses), (1, 1));
     assert_eq!(stats.ring_errors, 2);
@@ -372,9 +377,9 @@ fn engines_run_on_after_reset() {
     rig.memory.write(BUFFERS, &pattern(64, 5)).unwrap();
     let tx = rig.post(true, BUFFERS, 64, 3);
     rig.wait_done(tx);
-    rig.nic.reset();
+    rig.nic.reset().unwrap();
     assert_eq!(
-        rig.read32(REG_STATUS) & (STATUS_RX_ENABLED | STATUS_TX_ENABLED),
+        rig.read32(reg::STATUS) & (DeviceStatus::RX_ENABLED.raw() | DeviceStatus::TX_ENABLED.raw()),
         0
     );
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -383,7 +388,8 @@ fn engines_run_on_after_reset() {
         std::thread::sleep(Duration::from_millis(1));
     }
     // The engines let go of their descriptors.
-    while rig.read32(REG_STATUS) & (STATUS_RX_BUSY | STATUS_TX_BUSY) != 0 {
+    while rig.read32(reg::STATUS) & (DeviceStatus::RX_BUSY.raw() | DeviceStatus::TX_BUSY.raw()) != 0
+    {
         assert!(Instant::now() < deadline, "engines stay busy after reset");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -432,13 +438,13 @@ fn a_stalled_wire_holds_no_buffer() {
         rig.assert_pending(waiting, 100);
         assert_eq!(rig.nic.control().stats().tx_packets, 8);
         assert_eq!(
-            rig.read32(REG_STATUS) & STATUS_TX_BUSY,
+            rig.read32(reg::STATUS) & DeviceStatus::TX_BUSY.raw(),
             0,
             "TX_BUSY while only waiting for the wire"
         );
-        rig.write32(REG_CTRL, CTRL_RX_ENABLE);
+        rig.write32(reg::CTRL, Ctrl::RX_ENABLE.raw());
         rig.assert_pending(waiting, 100);
         assert_eq!(rig.nic.control().stats().tx_packets, 8);
-        assert_eq!(rig.read32(REG_STATUS) & STATUS_TX_ENABLED, 0);
+        assert_eq!(rig.read32(reg::STATUS) & DeviceStatus::TX_ENABLED.raw(), 0);
     }
 }

@@ -15,8 +15,14 @@
 //!   and PMR); the [`DmaRouter`] serves addresses inside the enabled CMB or
 //!   PMR locally.
 //!
-//! Tests drive it with p2plab-dma's `testing` fakes and this crate's
-//! `testing` module (the `testing` feature): no socket, no QEMU.
+//! It is built from p2plab-kit: interrupts through the kit's
+//! `Interrupts`, guest memory behind the kit's `DmaGate` (Bus Master
+//! Enable; a reset joins the queue workers, then quiesces the gate), the
+//! register map declared with `registers!`, counters with `counters!`,
+//! and the control verbs as a `DeviceControl`.
+//!
+//! Tests drive it with p2plab-dma's and p2plab-kit's `testing` fakes (the
+//! `testing` feature): no socket, no QEMU.
 //!
 //! # Module dependencies
 //!
@@ -24,9 +30,9 @@
 //! `docs/check/tests/layering.rs` checks it. From the bottom up, each layer
 //! depends only on layers below it:
 //!
-//! 1. [`spec`], [`registers`], [`config`], [`stats`], [`interrupts`]:
-//!    numbers and plain data
-//! 2. [`command`] (queue entries), [`logs`], [`namespace`], `testing`
+//! 1. [`spec`], [`registers`], [`config`], [`stats`]: numbers and plain
+//!    data
+//! 2. [`command`] (queue entries), [`logs`], [`namespace`]
 //! 3. [`fields`] (typed command views), [`memory`] (the DMA router)
 //! 4. [`datapointer`] (PRPs, SGLs), [`features`], `queues`
 //! 5. [`identify`], `state` (the controller state every handler works on)
@@ -40,7 +46,8 @@
 //! 11. [`controller`]: the register front-end; it hands the state the
 //!     worker's body, so handlers that create queues never import the
 //!     worker
-//! 12. [`server`]: the PCI function over vfio-user
+//! 12. [`server`]: the PCI function over vfio-user, and what the server
+//!     binary serves (p2plab-kit's `ServedDevice` and `DeviceControl`)
 
 pub mod command;
 pub mod config;
@@ -49,7 +56,6 @@ pub mod datapointer;
 pub mod features;
 pub mod fields;
 pub mod identify;
-pub mod interrupts;
 pub mod logs;
 pub mod memory;
 pub mod namespace;
@@ -67,16 +73,12 @@ mod table;
 mod trace;
 mod worker;
 
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
-
 #[cfg(test)]
 mod tests;
 
 pub use command::{Command, CommandBuilder, Completion, CompletionEntry};
 pub use config::{Bar0Layout, ConfigError, ControllerConfig};
 pub use controller::NvmeController;
-pub use interrupts::Interrupts;
 pub use memory::{DmaRouter, FileRegion, Placement, PmrSpec};
 pub use namespace::{
     BlockBackend, FileBackend, Namespace, NamespaceError, NamespaceIds, NamespaceSpec,

@@ -1,26 +1,23 @@
 //! `p2plab-nvme`: serves the NVMe controller over vfio-user.
 //!
-//! Wiring only: the controller's flags and how its counters read. The
-//! controller is `p2plab_nvme`, the PCI function `p2plab_nvme::server`, the
-//! transport p2plab-vfio-user, and the process plumbing (common flags,
-//! logging, signals, stats file) p2plab-server.
+//! Wiring only: the controller's flags and how its PCI function is
+//! built. The controller is `p2plab_nvme`, the PCI function
+//! `p2plab_nvme::server`, and the rest (peers, control socket, stats,
+//! shutdown order) p2plab-server's `serve_device`.
 
-use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::Parser;
 use p2plab_dma::RegionMemory;
 use p2plab_nvme::fault::FaultSpec;
 use p2plab_nvme::memory::{FileRegion, PmrSpec};
 use p2plab_nvme::namespace::{parse_size, Caching};
-use p2plab_nvme::server::{nvme_function, PciIds, CMB_BAR};
-use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec, NvmeController};
-use p2plab_peer::{Export, PeerRegistry};
-use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
-use p2plab_server::{Launch, SecondSignal, ServerArgs, ServerProcess};
-use p2plab_vfio_user::{DmaSpace, Server};
+use p2plab_nvme::server::{nvme_function, DEFAULT_IDS};
+use p2plab_nvme::{ControllerConfig, Namespace, NamespaceIds, NamespaceSpec};
+use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
+use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
 
 const PROCESS: ServerProcess = ServerProcess {
@@ -93,21 +90,10 @@ struct Args {
     #[arg(long, value_name = "SPEC")]
     pmr: Option<PmrSpec>,
 
-    /// PCI vendor ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x1b36", value_parser = parse_pci_id)]
-    vendor_id: u16,
-
-    /// PCI device ID (hex).
-    #[arg(long, value_name = "ID", default_value = "0x00fe", value_parser = parse_pci_id)]
-    device_id: u16,
-
-    /// PCI subsystem vendor ID (hex); defaults to the vendor ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_vendor_id: Option<u16>,
-
-    /// PCI subsystem ID (hex); defaults to the device ID.
-    #[arg(long, value_name = "ID", value_parser = parse_pci_id)]
-    subsystem_id: Option<u16>,
+    /// PCI identity (default 1b36:00fe); Identify's VID and SSVID follow
+    /// the vendor IDs.
+    #[command(flatten)]
+    ids: PciIdArgs,
 
     /// Serial number (up to 20 ASCII characters). Namespace EUI64, NGUID
     /// and UUID derive from it. Default: derived from the socket file name
@@ -139,51 +125,6 @@ fn parse_fault(text: &str) -> Result<FaultSpec, String> {
         .map_err(|e: p2plab_nvme::fault::SpecError| e.to_string())
 }
 
-/// Answers the control socket for the controller.
-struct NvmeControl {
-    controller: Arc<NvmeController>,
-    dma: DmaSpace,
-    peers: Option<Arc<PeerRegistry>>,
-}
-
-impl ControlHandler for NvmeControl {
-    fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
-        let c = &self.controller;
-        match request {
-            ControlRequest::Status => {
-                let mut value = stats_value(c, &self.dma, self.peers.as_deref());
-                if let Some(object) = value.as_object_mut() {
-                    let faults =
-                        serde_json::to_value(c.fault_report()).map_err(|e| e.to_string())?;
-                    object.insert("faults".into(), faults);
-                }
-                Ok(value)
-            }
-            ControlRequest::Inject { spec } => {
-                let spec: FaultSpec = spec
-                    .parse()
-                    .map_err(|e: p2plab_nvme::fault::SpecError| e.to_string())?;
-                let id = c.inject(spec);
-                Ok(serde_json::json!({ "id": id, "spec": spec.to_string() }))
-            }
-            ControlRequest::Clear => {
-                c.clear_faults();
-                Ok(serde_json::json!({}))
-            }
-            ControlRequest::Reset => {
-                c.surprise_reset();
-                Ok(serde_json::json!({}))
-            }
-            // Answered by the control server from `tracer`.
-            ControlRequest::Trace { .. } => Err("trace is not handled here".into()),
-        }
-    }
-
-    fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
-        Some(self.controller.tracer())
-    }
-}
-
 fn parse_namespace(text: &str) -> Result<NamespaceSpec, String> {
     text.parse()
 }
@@ -201,15 +142,6 @@ fn parse_cmb_size(text: &str) -> Result<u64, String> {
             Ok(size)
         }
     }
-}
-
-fn parse_pci_id(text: &str) -> Result<u16, String> {
-    let t = text.trim();
-    let hex = t
-        .strip_prefix("0x")
-        .or_else(|| t.strip_prefix("0X"))
-        .unwrap_or(t);
-    u16::from_str_radix(hex, 16).map_err(|_| format!("{text:?} is not a 16-bit hex ID"))
 }
 
 /// The option a configuration field comes from.
@@ -260,12 +192,13 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         }
         None => None,
     };
+    let ids = args.ids.ids(DEFAULT_IDS);
     let config = ControllerConfig {
         serial: args.serial.clone().unwrap_or_else(|| default_serial(args)),
         model: args.model.clone(),
         firmware: args.firmware.clone(),
-        pci_vendor_id: args.vendor_id,
-        pci_subsystem_vendor_id: args.subsystem_vendor_id.unwrap_or(args.vendor_id),
+        pci_vendor_id: ids.vendor_id,
+        pci_subsystem_vendor_id: ids.subsystem_vendor_id,
         max_io_queues: args.queues,
         max_queue_entries: args.queue_entries,
         mdts: args.mdts,
@@ -276,13 +209,6 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     config
         .validate()
         .map_err(|e| anyhow!("{}: {}", option_for(e.field), e.message))?;
-    let ids = PciIds {
-        vendor_id: args.vendor_id,
-        device_id: args.device_id,
-        subsystem_vendor_id: args.subsystem_vendor_id.unwrap_or(args.vendor_id),
-        subsystem_id: args.subsystem_id.unwrap_or(args.device_id),
-        ..PciIds::default()
-    };
     let mut namespaces = Vec::new();
     for (i, spec) in args.namespaces.iter().enumerate() {
         let nsid = i as u32 + 1;
@@ -314,120 +240,13 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         cmb_mib = config.cmb_size >> 20,
         "p2plab-nvme starting"
     );
-    let mut function =
+    let function =
         nvme_function(config, &ids, namespaces, pmr, dma.clone()).map_err(|e| match e {
             p2plab_nvme::server::BuildError::Config(c) => {
                 anyhow!("{}: {}", option_for(c.field), c.message)
             }
             other => anyhow!(other),
         })?;
-    let controller = Arc::clone(function.model().controller());
-    // Peers DMA into our CMB through its memfd, at the address the guest
-    // gives the CMB BAR (pushed to them before the config write completes).
-    let mut exports = Vec::new();
-    if let Some(cmb) = function.model().cmb_memory() {
-        exports.push(Export {
-            bar: CMB_BAR,
-            fd: cmb
-                .as_fd()
-                .try_clone_to_owned()
-                .context("cannot share the CMB memfd")?,
-            size: cmb.size(),
-        });
-    }
-    let peers = args.server.start_peers(&dma, exports)?;
-    if let Some(peers) = &peers {
-        let peers = Arc::clone(peers);
-        function
-            .model_mut()
-            .on_cmb_placement(move |addr| peers.set_placement(CMB_BAR, addr));
-    }
-    args.server.configure_tracer(controller.tracer())?;
-    for spec in &args.injections {
-        controller.inject(*spec);
-    }
-    let _control = ControlServer::start(
-        &args.server.control_path(),
-        Arc::new(NvmeControl {
-            controller: Arc::clone(&controller),
-            dma: dma.clone(),
-            peers: peers.clone(),
-        }),
-    )
-    .map_err(|e| {
-        anyhow!(
-            "--control-socket {}: {e}",
-            args.server.control_path().display()
-        )
-    })?;
-
-    let server = Server::new(args.server.server_config(), dma.clone())?;
-    let counters = {
-        let controller = Arc::clone(&controller);
-        let peers = peers.clone();
-        Arc::new(move || stats_json(&controller, &dma, peers.as_deref()))
-    };
-    let running = launch.start(&server, counters)?;
-
-    let result = server.run(&mut function);
-    controller.flush_all();
-    drop(function);
-    // Peers drop their windows on our CMB as the connections close.
-    if let Some(peers) = &peers {
-        peers.close();
-    }
-    running.finish();
-    info!("p2plab-nvme exiting");
-    result?;
-    Ok(())
-}
-
-/// The controller's snapshot plus which path DMA took: mmapped guest
-/// memory, messages through the client (peer BARs, fd-less ranges), or
-/// served locally (the controller's own CMB).
-fn stats_json(controller: &NvmeController, dma: &DmaSpace, peers: Option<&PeerRegistry>) -> String {
-    serde_json::to_string_pretty(&stats_value(controller, dma, peers)).unwrap_or_default()
-}
-
-fn stats_value(
-    controller: &NvmeController,
-    dma: &DmaSpace,
-    peers: Option<&PeerRegistry>,
-) -> serde_json::Value {
-    let inbound = peers.map(|p| p.inbound(CMB_BAR)).unwrap_or_default();
-    let snapshot = controller.stats();
-    let d = dma.stats();
-    let local_read = snapshot.counters.cmb_read_bytes + d.local.read_bytes;
-    let local_write = snapshot.counters.cmb_write_bytes + d.local.write_bytes;
-    let mut value = match serde_json::to_value(snapshot) {
-        Ok(v) => v,
-        Err(e) => return serde_json::json!({ "error": e.to_string() }),
-    };
-    if let Some(object) = value.as_object_mut() {
-        object.insert(
-            "dma".into(),
-            serde_json::json!({
-                "dma_mmap_read_bytes": d.mmap.read_bytes,
-                "dma_mmap_write_bytes": d.mmap.write_bytes,
-                "dma_message_read_bytes": d.message.read_bytes,
-                "dma_message_write_bytes": d.message.write_bytes,
-                "dma_local_read_bytes": local_read,
-                "dma_local_write_bytes": local_write,
-                "dma_peer_read_bytes": d.peer.read_bytes,
-                "dma_peer_write_bytes": d.peer.write_bytes,
-                "dma_peer_read_ops": d.peer.read_ops,
-                "dma_peer_write_ops": d.peer.write_ops,
-                "peer_inbound_write_bytes": inbound.written,
-                "peer_inbound_read_bytes": inbound.read,
-                "peer_path": u64::from(peers.is_some()),
-                "peer_placement_changes": peers.map_or(0, |p| p.placement_changes()),
-                "peer_windows": dma
-                    .peer_windows()
-                    .iter()
-                    .map(|(gpa, len)| serde_json::json!({ "gpa": gpa, "len": len }))
-                    .collect::<Vec<_>>(),
-            }),
-        );
-    }
-    value
+    let injections: Vec<String> = args.injections.iter().map(|s| s.to_string()).collect();
+    p2plab_server::serve_device(&args.server, launch, dma, function, &injections)
 }

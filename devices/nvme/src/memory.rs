@@ -890,7 +890,7 @@ mod tests {
         );
         r.write(PEER + 0x1000, &buf).unwrap();
         r.read(PEER, &mut buf).unwrap();
-        let counters = stats.counters();
+        let counters = stats.snapshot();
         assert_eq!((counters.injected_faults, counters.dma_faults), (1, 1));
         trace.disable();
         let text = std::fs::read_to_string(&trace_file).unwrap();
@@ -932,6 +932,6 @@ mod tests {
         let mut back = [0u8; 64];
         r.read(PEER, &mut back).unwrap();
         assert_eq!(back, [9; 64]);
-        assert_eq!(stats.counters().injected_faults, 1);
+        assert_eq!(stats.snapshot().injected_faults, 1);
     }
 }

@@ -1,97 +1,87 @@
 //! Controller registers (NVMe base 2.0, 3.1.4): where each sits in BAR0
-//! ([`reg`]) and typed views of their fields, named as in the
-//! specification (`Cc::iosqes`, `Csts::CFS`, `CmbSz::szu`...).
+//! ([`Reg`], declared with p2plab-kit's `registers!`, offsets in [`reg`])
+//! and typed views of their fields, named as in the specification
+//! (`Cc::iosqes`, `Csts::CFS`, `CmbSz::szu`...). Status bits are
+//! p2plab-kit `bit_flags!`; a 64-bit register's dwords are the kit's
+//! [`Half`].
 //!
 //! Values the host writes are kept raw and read through accessors
 //! ([`Cc`], [`Aqa`], [`CmbMsc`], [`PmrCtl`], [`PmrMsc`]); values the
 //! controller reports are built from named fields ([`Cap`], [`CmbLoc`],
 //! [`CmbSz`], [`PmrCap`]) or flags ([`Csts`], [`CmbSts`], [`PmrSts`]).
 
-/// Register byte offsets in BAR0. 64-bit registers are accessed as two
-/// dwords; the upper one has its own name (`ASQ_HI`...).
-pub mod reg {
-    /// Controller Capabilities, low and high dwords.
-    pub const CAP: u64 = 0x00;
-    pub const CAP_HI: u64 = 0x04;
-    /// Version.
-    pub const VS: u64 = 0x08;
-    /// Interrupt Mask Set / Clear.
-    pub const INTMS: u64 = 0x0c;
-    pub const INTMC: u64 = 0x10;
-    /// Controller Configuration.
-    pub const CC: u64 = 0x14;
-    /// Controller Status.
-    pub const CSTS: u64 = 0x1c;
-    /// NVM Subsystem Reset.
-    pub const NSSR: u64 = 0x20;
-    /// Admin Queue Attributes.
-    pub const AQA: u64 = 0x24;
-    /// Admin Submission Queue Base Address, low and high dwords.
-    pub const ASQ: u64 = 0x28;
-    pub const ASQ_HI: u64 = 0x2c;
-    /// Admin Completion Queue Base Address, low and high dwords.
-    pub const ACQ: u64 = 0x30;
-    pub const ACQ_HI: u64 = 0x34;
-    /// Controller Memory Buffer Location and Size.
-    pub const CMBLOC: u64 = 0x38;
-    pub const CMBSZ: u64 = 0x3c;
-    /// Boot Partition Information, Read Select, Memory Buffer Location.
-    pub const BPINFO: u64 = 0x40;
-    pub const BPRSEL: u64 = 0x44;
-    pub const BPMBL: u64 = 0x48;
-    pub const BPMBL_HI: u64 = 0x4c;
-    /// Controller Memory Buffer Memory Space Control, low and high dwords.
-    pub const CMBMSC: u64 = 0x50;
-    pub const CMBMSC_HI: u64 = 0x54;
-    /// Controller Memory Buffer Status.
-    pub const CMBSTS: u64 = 0x58;
-    /// Persistent Memory Region Capabilities, Control, Status, Elasticity
-    /// Buffer Size, Sustained Write Throughput, Memory Space Control
-    /// (lower and upper dwords).
-    pub const PMRCAP: u64 = 0xe00;
-    pub const PMRCTL: u64 = 0xe04;
-    pub const PMRSTS: u64 = 0xe08;
-    pub const PMREBS: u64 = 0xe0c;
-    pub const PMRSWTP: u64 = 0xe10;
-    pub const PMRMSCL: u64 = 0xe14;
-    pub const PMRMSCU: u64 = 0xe18;
-    /// First doorbell; doorbells are `4 << CAP.DSTRD` bytes apart.
-    pub const DOORBELLS: u64 = 0x1000;
+use std::borrow::Cow;
 
-    /// A name for tracing.
-    pub fn name(offset: u64) -> &'static str {
-        match offset & !3 {
-            CAP => "CAP",
-            CAP_HI => "CAP.hi",
-            VS => "VS",
-            INTMS => "INTMS",
-            INTMC => "INTMC",
-            CC => "CC",
-            CSTS => "CSTS",
-            NSSR => "NSSR",
-            AQA => "AQA",
-            ASQ => "ASQ",
-            ASQ_HI => "ASQ.hi",
-            ACQ => "ACQ",
-            ACQ_HI => "ACQ.hi",
-            CMBLOC => "CMBLOC",
-            CMBSZ => "CMBSZ",
-            BPINFO => "BPINFO",
-            BPRSEL => "BPRSEL",
-            BPMBL | BPMBL_HI => "BPMBL",
-            CMBMSC => "CMBMSC",
-            CMBMSC_HI => "CMBMSC.hi",
-            CMBSTS => "CMBSTS",
-            PMRCAP => "PMRCAP",
-            PMRCTL => "PMRCTL",
-            PMRSTS => "PMRSTS",
-            PMREBS => "PMREBS",
-            PMRSWTP => "PMRSWTP",
-            PMRMSCL => "PMRMSCL",
-            PMRMSCU => "PMRMSCU",
-            o if o >= DOORBELLS => "doorbell",
-            _ => "reserved",
-        }
+pub use p2plab_kit::regs::Half;
+
+p2plab_kit::registers! {
+    /// A controller register in BAR0, named as in the specification.
+    /// A 64-bit register is two dwords, low at its offset.
+    pub enum Reg, offsets in reg {
+        /// Controller Capabilities.
+        Cap(CAP) = 0x00, Bits64, ReadOnly;
+        /// Version.
+        Vs(VS) = 0x08, Bits32, ReadOnly;
+        /// Interrupt Mask Set.
+        Intms(INTMS) = 0x0c, Bits32, ReadWrite;
+        /// Interrupt Mask Clear.
+        Intmc(INTMC) = 0x10, Bits32, ReadWrite;
+        /// Controller Configuration.
+        Cc(CC) = 0x14, Bits32, ReadWrite;
+        /// Controller Status.
+        Csts(CSTS) = 0x1c, Bits32, ReadOnly;
+        /// NVM Subsystem Reset.
+        Nssr(NSSR) = 0x20, Bits32, ReadWrite;
+        /// Admin Queue Attributes.
+        Aqa(AQA) = 0x24, Bits32, ReadWrite;
+        /// Admin Submission Queue Base Address.
+        Asq(ASQ) = 0x28, Bits64, ReadWrite;
+        /// Admin Completion Queue Base Address.
+        Acq(ACQ) = 0x30, Bits64, ReadWrite;
+        /// Controller Memory Buffer Location.
+        Cmbloc(CMBLOC) = 0x38, Bits32, ReadOnly;
+        /// Controller Memory Buffer Size.
+        Cmbsz(CMBSZ) = 0x3c, Bits32, ReadOnly;
+        /// Boot Partition Information.
+        Bpinfo(BPINFO) = 0x40, Bits32, ReadOnly;
+        /// Boot Partition Read Select.
+        Bprsel(BPRSEL) = 0x44, Bits32, ReadWrite;
+        /// Boot Partition Memory Buffer Location.
+        Bpmbl(BPMBL) = 0x48, Bits64, ReadWrite;
+        /// Controller Memory Buffer Memory Space Control.
+        Cmbmsc(CMBMSC) = 0x50, Bits64, ReadWrite;
+        /// Controller Memory Buffer Status.
+        Cmbsts(CMBSTS) = 0x58, Bits32, ReadOnly;
+        /// Persistent Memory Region Capabilities.
+        Pmrcap(PMRCAP) = 0xe00, Bits32, ReadOnly;
+        /// Persistent Memory Region Control.
+        Pmrctl(PMRCTL) = 0xe04, Bits32, ReadWrite;
+        /// Persistent Memory Region Status.
+        Pmrsts(PMRSTS) = 0xe08, Bits32, ReadOnly;
+        /// Persistent Memory Region Elasticity Buffer Size.
+        Pmrebs(PMREBS) = 0xe0c, Bits32, ReadOnly;
+        /// Persistent Memory Region Sustained Write Throughput.
+        Pmrswtp(PMRSWTP) = 0xe10, Bits32, ReadOnly;
+        /// Persistent Memory Region Memory Space Control, lower dword.
+        Pmrmscl(PMRMSCL) = 0xe14, Bits32, ReadWrite;
+        /// Persistent Memory Region Memory Space Control, upper dword.
+        Pmrmscu(PMRMSCU) = 0xe18, Bits32, ReadWrite;
+    }
+}
+
+/// First doorbell; doorbells are `4 << CAP.DSTRD` bytes apart.
+pub const DOORBELLS: u64 = 0x1000;
+
+/// A register's name for traces and logs: its name, `NAME.hi` for the
+/// upper dword of a 64-bit one, `doorbell` or `reserved`.
+pub fn register_name(offset: u64) -> Cow<'static, str> {
+    if offset >= DOORBELLS {
+        return Cow::Borrowed("doorbell");
+    }
+    match Reg::at(offset & !3) {
+        Some((reg, Half::Low)) => Cow::Borrowed(reg.name()),
+        Some((reg, Half::High)) => Cow::Owned(format!("{}.hi", reg.name())),
+        None => Cow::Borrowed("reserved"),
     }
 }
 
@@ -183,33 +173,36 @@ pub enum Shst {
     Complete = 2,
 }
 
-/// CSTS: Controller Status, as the controller reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Csts(pub u32);
+p2plab_kit::bit_flags! {
+    /// CSTS: Controller Status, as the controller reports it (its flags;
+    /// SHST is a field, see [`Csts::with_shst`]).
+    pub struct Csts(u32), prefix "CSTS_" {
+        /// Ready.
+        RDY = 1 << 0;
+        /// Controller Fatal Status.
+        CFS = 1 << 1;
+    }
+}
 
 impl Csts {
-    /// Ready.
-    pub const RDY: u32 = 1 << 0;
-    /// Controller Fatal Status.
-    pub const CFS: u32 = 1 << 1;
     const SHST_SHIFT: u32 = 2;
 
     /// Status with Shutdown Status `shst` and no flag set.
     pub fn with_shst(shst: Shst) -> Self {
-        Csts((shst as u32) << Self::SHST_SHIFT)
+        Csts::from_raw((shst as u32) << Self::SHST_SHIFT)
     }
 
     /// Sets a flag ([`RDY`](Self::RDY), [`CFS`](Self::CFS)).
-    pub fn set(&mut self, flag: u32) {
-        self.0 |= flag;
+    pub fn set(&mut self, flag: Csts) {
+        *self |= flag;
     }
 
     pub const fn rdy(self) -> bool {
-        self.0 & Self::RDY != 0
+        self.contains(Self::RDY)
     }
 
     pub const fn cfs(self) -> bool {
-        self.0 & Self::CFS != 0
+        self.contains(Self::CFS)
     }
 }
 
@@ -309,13 +302,12 @@ impl CmbMsc {
     }
 }
 
-/// CMBSTS: Controller Memory Buffer Status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CmbSts(pub u32);
-
-impl CmbSts {
-    /// Controller Base Address Invalid.
-    pub const CBAI: u32 = 1 << 0;
+p2plab_kit::bit_flags! {
+    /// CMBSTS: Controller Memory Buffer Status.
+    pub struct CmbSts(u32), prefix "CMBSTS_" {
+        /// Controller Base Address Invalid.
+        CBAI = 1 << 0;
+    }
 }
 
 /// PMRCAP: what the Persistent Memory Region can do.
@@ -350,28 +342,28 @@ impl PmrCap {
     }
 }
 
-/// PMRCTL: Persistent Memory Region Control, as the host wrote it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PmrCtl(pub u32);
-
-impl PmrCtl {
-    /// Enable.
-    pub const EN: u32 = 1 << 0;
-
-    pub const fn en(self) -> bool {
-        self.0 & Self::EN != 0
+p2plab_kit::bit_flags! {
+    /// PMRCTL: Persistent Memory Region Control, as the host wrote it.
+    pub struct PmrCtl(u32), prefix "PMRCTL_" {
+        /// Enable.
+        EN = 1 << 0;
     }
 }
 
-/// PMRSTS: Persistent Memory Region Status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PmrSts(pub u32);
+impl PmrCtl {
+    pub const fn en(self) -> bool {
+        self.contains(Self::EN)
+    }
+}
 
-impl PmrSts {
-    /// Not Ready.
-    pub const NRDY: u32 = 1 << 8;
-    /// Controller Base Address Invalid.
-    pub const CBAI: u32 = 1 << 12;
+p2plab_kit::bit_flags! {
+    /// PMRSTS: Persistent Memory Region Status.
+    pub struct PmrSts(u32), prefix "PMRSTS_" {
+        /// Not Ready.
+        NRDY = 1 << 8;
+        /// Controller Base Address Invalid.
+        CBAI = 1 << 12;
+    }
 }
 
 /// PMRMSC (PMRMSCL and PMRMSCU): Persistent Memory Region Memory Space
@@ -389,31 +381,6 @@ impl PmrMsc {
     /// Controller Base Address (4 KiB aligned).
     pub const fn cba(self) -> u64 {
         self.0 & !0xfff
-    }
-}
-
-/// `value` (a 64-bit register) with its `half` dword replaced by `dword`.
-pub fn with_dword(value: u64, half: Dword, dword: u32) -> u64 {
-    match half {
-        Dword::Low => (value & !0xffff_ffff) | u64::from(dword),
-        Dword::High => (value & 0xffff_ffff) | (u64::from(dword) << 32),
-    }
-}
-
-/// The low or high dword of a 64-bit register.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dword {
-    Low,
-    High,
-}
-
-impl Dword {
-    /// This half of `value`.
-    pub fn of(self, value: u64) -> u32 {
-        match self {
-            Dword::Low => value as u32,
-            Dword::High => (value >> 32) as u32,
-        }
     }
 }
 
@@ -471,7 +438,7 @@ mod tests {
         );
         let mut csts = Csts::with_shst(Shst::Complete);
         csts.set(Csts::CFS);
-        assert_eq!(csts.0, (2 << 2) | 2);
+        assert_eq!(csts.raw(), (2 << 2) | 2);
         assert!(csts.cfs() && !csts.rdy());
     }
 
@@ -497,16 +464,11 @@ mod tests {
         assert!(msc.cre() && msc.cmse());
         assert_eq!(msc.cba(), 0x1_2345_6000);
         assert!(PmrMsc(2).cmse() && !PmrMsc(1).cmse());
-        assert_eq!(
-            with_dword(0x1111_2222_3333_4444, Dword::High, 5),
-            0x5_3333_4444
-        );
-        assert_eq!(
-            with_dword(0x1111_2222_3333_4444, Dword::Low, 5),
-            0x1111_2222_0000_0005
-        );
-        assert_eq!(Dword::High.of(0x1111_2222_3333_4444), 0x1111_2222);
-        assert_eq!(reg::name(reg::ASQ_HI), "ASQ.hi");
-        assert_eq!(reg::name(reg::CMBMSC_HI + 2), "CMBMSC.hi");
+        assert_eq!(register_name(reg::ASQ + 4), "ASQ.hi");
+        assert_eq!(register_name(reg::CMBMSC + 6), "CMBMSC.hi");
+        assert_eq!(register_name(reg::CC + 1), "CC");
+        assert_eq!(register_name(0x18), "reserved");
+        assert_eq!(register_name(DOORBELLS + 8), "doorbell");
+        assert_eq!(Reg::at(reg::PMRMSCU), Some((Reg::Pmrmscu, Half::Low)));
     }
 }

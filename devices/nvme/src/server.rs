@@ -1,19 +1,28 @@
 //! The controller as a PCI function served over vfio-user: config space,
 //! BAR dispatch, and the transport's pieces handed to the model: its DMA
-//! space as guest memory (p2plab-dma adapts it), its shared memory as the
-//! CMB, p2plab-pci's interrupt controller as [`Interrupts`].
+//! space as guest memory (p2plab-dma adapts it) behind p2plab-kit's DMA
+//! gate, its shared memory as the CMB, p2plab-pci's interrupt controller
+//! as the kit's `Interrupts`. Also what the server binary serves: the
+//! function as a `ServedDevice`, the controller's control verbs as a
+//! `DeviceControl`.
 //!
 //! BAR0 holds the registers, doorbells and the MSI-X table and PBA (on their
 //! own pages). BAR2, 64-bit prefetchable, is the CMB: a memfd QEMU maps, so
 //! guest CPU accesses never trap. BAR4 is the PMR: trapped, every access
 //! goes through to its file, which is never handed to the client.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use p2plab_dma::{BusMasterGate, DmaFault, GuestMemory, RegionMemory};
+use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
+use p2plab_fault::FaultSpec;
+use p2plab_kit::{
+    arm_spec, Armed, ClassCode, DeviceControl, DmaGate, Interrupts, PeerBar, PlacementHook,
+    ServedDevice, StatsLayout,
+};
 use p2plab_pci::{
-    BarBacking, BarSpec, ConfigChange, ConfigSpace, ConfigSpaceBuilder, InterruptController,
-    MsixCapSpec, PciFunction, PciModel, PcieCapSpec,
+    BarBacking, BarSpec, ConfigChange, ConfigSpace, InterruptController, MsixCapSpec, PciFunction,
+    PciModel, PcieCapSpec,
 };
 use p2plab_vfio_user::{DeviceError, DmaSpace, SharedMemory, SharedRegion};
 use tracing::{debug, info};
@@ -21,55 +30,26 @@ use tracing::{debug, info};
 use crate::config::ControllerConfig;
 use crate::controller::NvmeController;
 pub use crate::controller::{CMB_BAR, PMR_BAR};
-use crate::interrupts::Interrupts;
 use crate::memory::FileRegion;
 use crate::namespace::Namespace;
 
-/// PCI identity of the function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PciIds {
-    pub vendor_id: u16,
-    pub device_id: u16,
-    pub subsystem_vendor_id: u16,
-    pub subsystem_id: u16,
-    pub revision: u8,
-}
+pub use p2plab_kit::PciIds;
 
-impl Default for PciIds {
-    /// Red Hat's (QEMU's) vendor ID with a device ID of our own: Linux
-    /// keys quirks on 1b36:0010 (QEMU's nvme), which must not apply here.
-    /// The nvme driver binds by class code.
-    fn default() -> Self {
-        Self {
-            vendor_id: 0x1b36,
-            device_id: 0x00fe,
-            subsystem_vendor_id: 0x1b36,
-            subsystem_id: 0x00fe,
-            revision: 1,
-        }
-    }
-}
+/// Red Hat's (QEMU's) vendor ID with a device ID of our own: Linux keys
+/// quirks on 1b36:0010 (QEMU's nvme), which must not apply here. The nvme
+/// driver binds by class code.
+pub const DEFAULT_IDS: PciIds = PciIds::new(0x1b36, 0x00fe);
 
-/// MSI-X (or INTx) through p2plab-pci's interrupt controller.
-pub struct PciInterrupts(pub Arc<InterruptController>);
-
-impl Interrupts for PciInterrupts {
-    fn notify(&self, vector: u16) {
-        let delivery = self.0.notify(vector);
-        tracing::trace!(vector, ?delivery, "interrupt");
-    }
-}
-
-/// Told where the CMB BAR decodes now, synchronously from the config
-/// write (or reset) that changed it: the server pushes it to its peers
-/// before the write completes.
-type PlacementHook = Box<dyn Fn(Option<u64>) + Send>;
+/// Mass storage, Non-Volatile Memory controller, NVM Express.
+pub const CLASS_CODE: ClassCode = ClassCode::new(0x01, 0x08, 0x02);
 
 /// The NVMe controller as a [`PciModel`].
 pub struct NvmeFunction {
     controller: Arc<NvmeController>,
     /// Guest memory behind COMMAND.BME: closed until the guest sets it.
-    bus_master: Arc<BusMasterGate>,
+    /// The queue workers use it unbound to an epoch: a reset joins them
+    /// first, then quiesces the gate.
+    gate: Arc<DmaGate>,
     cmb: Option<Arc<SharedMemory>>,
     cmb_placement: Option<PlacementHook>,
 }
@@ -84,15 +64,9 @@ impl NvmeFunction {
         self.cmb.as_ref()
     }
 
-    /// Calls `hook` with the CMB BAR's address each time it changes (None:
-    /// not decoding, reset).
-    pub fn on_cmb_placement(&mut self, hook: impl Fn(Option<u64>) + Send + 'static) {
-        self.cmb_placement = Some(Box::new(hook));
-    }
-
     fn cmb_placed(&self, addr: Option<u64>) {
         if let Some(hook) = &self.cmb_placement {
-            hook(addr);
+            hook.placed(addr);
         }
     }
 }
@@ -106,7 +80,7 @@ impl PciModel for NvmeFunction {
     fn bar_read(&mut self, bar: u8, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
         match bar {
             0 => {
-                self.controller.read_bar0(offset, data);
+                self.controller.regs_read(offset, data);
                 Ok(())
             }
             CMB_BAR => match &self.cmb {
@@ -124,7 +98,7 @@ impl PciModel for NvmeFunction {
     fn bar_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         match bar {
             0 => {
-                self.controller.write_bar0(offset, data);
+                self.controller.regs_write(offset, data);
                 Ok(())
             }
             CMB_BAR => match &self.cmb {
@@ -138,12 +112,17 @@ impl PciModel for NvmeFunction {
         }
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
         // COMMAND is 0 again: no bus mastering until the guest says so.
-        self.bus_master.set_enabled(false);
+        self.gate.set_bus_master(false);
+        // Joins every queue worker: none of their DMA runs afterwards.
         self.controller.reset();
         // Config space is back to power-on: the CMB BAR decodes nowhere.
         self.cmb_placed(None);
+        // Nothing is in flight any more; this only makes it certain.
+        self.gate
+            .quiesce()
+            .map_err(|_| DeviceError::new(libc::ETIMEDOUT, "controller DMA did not quiesce"))
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {
@@ -157,7 +136,7 @@ impl PciModel for NvmeFunction {
                 self.cmb_placed(*new);
             }
             ConfigChange::CommandChanged { new, .. } => {
-                self.bus_master.set_enabled(new.bus_master());
+                self.gate.set_bus_master(new.bus_master());
                 debug!(
                     memory = new.memory_enabled(),
                     bus_master = new.bus_master(),
@@ -185,14 +164,85 @@ impl PciModel for NvmeFunction {
     }
 }
 
+impl ServedDevice for NvmeFunction {
+    const PEER_BAR: Option<u8> = Some(CMB_BAR);
+
+    fn control(&self) -> Arc<dyn DeviceControl> {
+        Arc::new(NvmeControl(Arc::clone(&self.controller)))
+    }
+
+    /// Peers DMA into the CMB through its memfd.
+    fn peer_bar(&self) -> std::io::Result<Option<PeerBar>> {
+        let Some(cmb) = &self.cmb else {
+            return Ok(None);
+        };
+        Ok(Some(PeerBar {
+            bar: CMB_BAR,
+            fd: cmb.as_fd().try_clone_to_owned()?,
+            size: cmb.size(),
+        }))
+    }
+
+    /// Calls `hook` with the CMB BAR's address each time it changes
+    /// (None: not decoding, reset).
+    fn on_peer_bar_placement(&mut self, hook: PlacementHook) {
+        self.cmb_placement = Some(hook);
+    }
+
+    /// Flushes every namespace and the PMR.
+    fn stopping(&self) {
+        self.controller.flush_all();
+    }
+}
+
+/// The controller's control verbs: its nested stats (the DMA paths go
+/// under `dma`), fault injections, and a reset the host did not ask for.
+pub struct NvmeControl(pub Arc<NvmeController>);
+
+impl DeviceControl for NvmeControl {
+    fn counters(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.stats())
+            .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+
+    fn stats_layout(&self) -> StatsLayout {
+        StatsLayout::Nested("dma")
+    }
+
+    /// Data pointers the controller served from its own CMB.
+    fn own_bar_dma_bytes(&self) -> (u64, u64) {
+        let counters = self.0.stats().counters;
+        (counters.cmb_read_bytes, counters.cmb_write_bytes)
+    }
+
+    fn inject(&self, spec: &str) -> Result<Armed, String> {
+        arm_spec(spec, |spec: FaultSpec| Ok(self.0.inject(spec)))
+    }
+
+    fn clear(&self) {
+        self.0.clear_faults();
+    }
+
+    fn reset(&self) -> Result<(), String> {
+        self.0.surprise_reset();
+        Ok(())
+    }
+
+    fn fault_report(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.fault_report()).unwrap_or_default()
+    }
+
+    fn tracer(&self) -> &p2plab_trace::Tracer {
+        self.0.tracer()
+    }
+}
+
 /// Config space: NVMe class code, BAR0 (64-bit), the CMB BAR (64-bit
 /// prefetchable), PM, MSI-X with one vector per queue pair, PCIe endpoint.
 pub fn config_space(cfg: &ControllerConfig, ids: &PciIds) -> Result<ConfigSpace, String> {
     let layout = cfg.bar0_layout();
-    let mut builder = ConfigSpaceBuilder::new(ids.vendor_id, ids.device_id)
-        .subsystem(ids.subsystem_vendor_id, ids.subsystem_id)
-        .class_code(0x01, 0x08, 0x02)
-        .revision(ids.revision)
+    let mut builder = ids
+        .config_space(CLASS_CODE)
         .bar(0, BarSpec::memory64(layout.size))
         .power_management()
         .msix(MsixCapSpec {
@@ -247,7 +297,7 @@ pub fn nvme_function_on(
     memory: Arc<dyn GuestMemory>,
 ) -> Result<PciFunction<NvmeFunction>, BuildError> {
     cfg.validate()?;
-    let bus_master = Arc::new(BusMasterGate::new(memory));
+    let gate = Arc::new(DmaGate::new(memory));
     let config = config_space(&cfg, ids).map_err(BuildError::Pci)?;
     let irq = InterruptController::for_config(&config);
     let shared = match cfg.cmb_bar_size() {
@@ -269,14 +319,14 @@ pub fn nvme_function_on(
     let controller = NvmeController::with_pmr(
         cfg,
         namespaces,
-        Arc::clone(&bus_master) as Arc<dyn GuestMemory>,
+        Arc::clone(&gate) as Arc<dyn GuestMemory>,
         cmb,
         pmr_memory,
-        Arc::new(PciInterrupts(Arc::clone(&irq))),
+        Arc::clone(&irq) as Arc<dyn Interrupts>,
     )?;
     let model = NvmeFunction {
         controller: Arc::new(controller),
-        bus_master,
+        gate,
         cmb: shared,
         cmb_placement: None,
     };
@@ -293,7 +343,7 @@ mod tests {
     #[test]
     fn config_space_describes_an_nvme_function_with_a_cmb() {
         let cfg = ControllerConfig::default();
-        let f = nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
+        let f = nvme_function(cfg, &DEFAULT_IDS, Vec::new(), None, DmaSpace::new()).unwrap();
         let c = f.config();
         assert_eq!(c.read_u32(0x08).unwrap() >> 8, 0x01_08_02, "class code");
         assert_eq!(c.bar_size(0), Some(16 << 10));
@@ -322,14 +372,8 @@ mod tests {
             pmr_size: 1 << 20,
             ..ControllerConfig::default()
         };
-        let mut f = nvme_function(
-            cfg,
-            &PciIds::default(),
-            Vec::new(),
-            Some(region),
-            DmaSpace::new(),
-        )
-        .unwrap();
+        let mut f =
+            nvme_function(cfg, &DEFAULT_IDS, Vec::new(), Some(region), DmaSpace::new()).unwrap();
         assert_eq!(f.config().bar_size(4), Some(1 << 20));
         // Catches a PMR handed to the client as a writable fd of its file.
         assert!(
@@ -349,14 +393,8 @@ mod tests {
             pmr_size: 1 << 20,
             ..ControllerConfig::default()
         };
-        let mut f = nvme_function(
-            cfg,
-            &PciIds::default(),
-            Vec::new(),
-            Some(region),
-            DmaSpace::new(),
-        )
-        .unwrap();
+        let mut f =
+            nvme_function(cfg, &DEFAULT_IDS, Vec::new(), Some(region), DmaSpace::new()).unwrap();
         let mut back = [0u8; 4];
         f.region_read(4, 0x100, &mut back).unwrap();
         assert_eq!(&back, b"pmr!");
@@ -400,14 +438,14 @@ mod tests {
             .build();
         ram.write(ASQ, cmd.as_bytes()).unwrap();
         bar0_write32(f, reg::CC, 0);
-        wait_csts(f, Csts::RDY, 0);
+        wait_csts(f, Csts::RDY.raw(), 0);
         bar0_write32(f, reg::AQA, (1 << 16) | 1);
         bar0_write32(f, reg::ASQ, ASQ as u32);
-        bar0_write32(f, reg::ASQ_HI, 0);
+        bar0_write32(f, reg::ASQ + 4, 0);
         bar0_write32(f, reg::ACQ, ACQ as u32);
-        bar0_write32(f, reg::ACQ_HI, 0);
+        bar0_write32(f, reg::ACQ + 4, 0);
         bar0_write32(f, reg::CC, (6 << 16) | (4 << 20) | 1);
-        wait_csts(f, Csts::RDY, Csts::RDY);
+        wait_csts(f, Csts::RDY.raw(), Csts::RDY.raw());
         // SQ 0 tail doorbell.
         bar0_write32(f, 0x1000, 1);
     }
@@ -433,7 +471,7 @@ mod tests {
         };
         let mut f = nvme_function_on(
             cfg,
-            &PciIds::default(),
+            &DEFAULT_IDS,
             Vec::new(),
             None,
             ram.clone() as Arc<dyn GuestMemory>,
@@ -442,7 +480,7 @@ mod tests {
         // Memory decode on, bus mastering off.
         f.region_write(CONFIG, 4, &0x0002u16.to_le_bytes()).unwrap();
         enable_and_identify(&mut f, &ram);
-        wait_csts(&mut f, Csts::CFS, Csts::CFS);
+        wait_csts(&mut f, Csts::CFS.raw(), Csts::CFS.raw());
         assert!(!admin_completion(&ram).phase, "a completion was posted");
         let mut data = [0u8; 8];
         ram.read(IDENTIFY_DATA, &mut data).unwrap();
@@ -457,7 +495,7 @@ mod tests {
         }
         let c = admin_completion(&ram);
         assert_eq!((c.cid, c.status), (7, crate::spec::Status::SUCCESS));
-        assert_eq!(csts(&mut f) & Csts::CFS, 0);
+        assert_eq!(csts(&mut f) & Csts::CFS.raw(), 0);
         ram.read(IDENTIFY_DATA, &mut data).unwrap();
         assert_eq!(
             u16::from_le_bytes([data[0], data[1]]),
@@ -466,7 +504,7 @@ mod tests {
         );
         // A device reset clears COMMAND, so BME is off again.
         f.reset().unwrap();
-        assert!(!f.model().bus_master.is_enabled());
+        assert!(!f.model().gate.bus_master());
     }
 
     #[test]
@@ -475,8 +513,7 @@ mod tests {
             cmb_size: 6 << 20,
             ..ControllerConfig::default()
         };
-        let mut f =
-            nvme_function(cfg, &PciIds::default(), Vec::new(), None, DmaSpace::new()).unwrap();
+        let mut f = nvme_function(cfg, &DEFAULT_IDS, Vec::new(), None, DmaSpace::new()).unwrap();
         let mut vs = [0u8; 4];
         f.region_read(0, 0x08, &mut vs).unwrap();
         assert_eq!(u32::from_le_bytes(vs), 0x0001_0400);

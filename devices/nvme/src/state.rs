@@ -22,7 +22,6 @@ use tracing::{error, info, warn};
 
 use crate::config::ControllerConfig;
 use crate::features::Features;
-use crate::interrupts::Interrupts;
 use crate::logs::{AsyncEvents, ErrorLog, SmartCounters, CRITICAL_WARNING_TEMPERATURE};
 use crate::memory::DmaRouter;
 use crate::namespace::{Namespace, NamespaceCounters};
@@ -33,6 +32,7 @@ use crate::stats::{
     CmbSnapshot, ControllerSnapshot, HostMemorySnapshot, NamespaceSnapshot, PmrSnapshot,
     QueueSnapshot, Stats, StatsSnapshot,
 };
+use p2plab_kit::Interrupts;
 
 /// Controller registers that are state, not computed.
 #[derive(Debug, Default)]
@@ -562,7 +562,7 @@ impl ControllerState {
                     enabled: regs.cc.en(),
                     ready: csts.rdy(),
                     cc: regs.cc.0,
-                    csts: csts.0,
+                    csts: csts.raw(),
                     shadow_doorbells: false,
                 },
                 regs.cmb_bar,
@@ -590,7 +590,7 @@ impl ControllerState {
                 })
                 .collect()
         };
-        let c = self.stats.counters();
+        let c = self.stats.snapshot();
         StatsSnapshot {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             controller: ControllerSnapshot {

@@ -6,108 +6,87 @@
 //! is a consistent-enough copy with the controller's state, serialised as
 //! JSON by the server binary (`--stats-file`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde::Serialize;
 
-macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// Live counters.
-        #[derive(Debug, Default)]
-        pub struct Stats {
-            $($(#[$doc])* pub $name: AtomicU64,)*
-        }
-
-        /// A plain copy of [`Stats`].
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-        pub struct Counters {
-            $($(#[$doc])* pub $name: u64,)*
-        }
-
-        impl Stats {
-            pub fn counters(&self) -> Counters {
-                Counters { $($name: self.$name.load(Ordering::Relaxed),)* }
-            }
-        }
-    };
-}
-
-counters! {
-    /// Register reads and writes on BAR0 (doorbells included).
-    register_reads,
-    register_writes,
-    /// Doorbell writes, and those refused (bad queue or value).
-    doorbell_writes,
-    invalid_doorbell_writes,
-    /// Controller enables (CC.EN 0->1), resets (1->0 or function reset),
-    /// normal shutdowns (CC.SHN), and resets without a shutdown first.
-    enables,
-    resets,
-    shutdowns,
-    unsafe_shutdowns,
-    /// Commands completed, per queue type, and those with an error status.
-    admin_commands,
-    io_commands,
-    failed_commands,
-    /// I/O commands by kind.
-    read_commands,
-    write_commands,
-    flush_commands,
-    compare_commands,
-    verify_commands,
-    write_zeroes_commands,
-    dsm_commands,
-    /// Logical block data moved for Read (to the host) and Write (from it).
-    bytes_read,
-    bytes_written,
-    /// Data-pointer bytes that landed in the CMB / in guest memory.
-    data_to_cmb_bytes,
-    data_from_cmb_bytes,
-    data_to_host_bytes,
-    data_from_host_bytes,
-    /// Submission queue entries fetched from the CMB / from guest memory.
-    sq_entries_from_cmb,
-    sq_entries_from_host,
-    /// Completion queue entries posted into the CMB / into guest memory.
-    cq_entries_to_cmb,
-    cq_entries_to_host,
-    /// I/O submission / completion queues created in the CMB or host memory.
-    io_sqs_created_in_cmb,
-    io_sqs_created_in_host,
-    io_cqs_created_in_cmb,
-    io_cqs_created_in_host,
-    /// All DMA bytes, by target.
-    cmb_read_bytes,
-    cmb_write_bytes,
-    pmr_read_bytes,
-    pmr_write_bytes,
-    host_read_bytes,
-    host_write_bytes,
-    /// Guest-memory accesses that failed.
-    dma_faults,
-    /// MSI-X vectors signalled.
-    interrupts,
-    /// Asynchronous events completed to the host.
-    async_events,
-    /// Backing store operations that failed (EIO, ENOSPC...).
-    backend_errors,
-    /// Injected faults that fired (one per spec per command), completions
-    /// whose interrupt was dropped on purpose, commands held without a
-    /// completion (`timeout`), and held commands that an Abort aborted.
-    injected_faults,
-    interrupts_dropped,
-    /// Completions whose interrupt was sent late on purpose (`delay-irq`).
-    interrupts_delayed,
-    commands_held,
-    commands_aborted,
-    /// Reads failed by an injected media error.
-    injected_media_errors,
-    /// Internal errors (a panic at the queue-worker boundary) that set
-    /// CSTS.CFS.
-    internal_errors,
-    /// Flushes refused because an earlier flush of the namespace failed
-    /// (sticky until a controller reset).
-    sticky_flush_failures,
+p2plab_kit::counters! {
+    /// Live counters.
+    pub struct Stats => Counters {
+        /// Register reads and writes on BAR0 (doorbells included).
+        register_reads,
+        register_writes,
+        /// Doorbell writes, and those refused (bad queue or value).
+        doorbell_writes,
+        invalid_doorbell_writes,
+        /// Controller enables (CC.EN 0->1), resets (1->0 or function reset),
+        /// normal shutdowns (CC.SHN), and resets without a shutdown first.
+        enables,
+        resets,
+        shutdowns,
+        unsafe_shutdowns,
+        /// Commands completed, per queue type, and those with an error status.
+        admin_commands,
+        io_commands,
+        failed_commands,
+        /// I/O commands by kind.
+        read_commands,
+        write_commands,
+        flush_commands,
+        compare_commands,
+        verify_commands,
+        write_zeroes_commands,
+        dsm_commands,
+        /// Logical block data moved for Read (to the host) and Write (from it).
+        bytes_read,
+        bytes_written,
+        /// Data-pointer bytes that landed in the CMB / in guest memory.
+        data_to_cmb_bytes,
+        data_from_cmb_bytes,
+        data_to_host_bytes,
+        data_from_host_bytes,
+        /// Submission queue entries fetched from the CMB / from guest memory.
+        sq_entries_from_cmb,
+        sq_entries_from_host,
+        /// Completion queue entries posted into the CMB / into guest memory.
+        cq_entries_to_cmb,
+        cq_entries_to_host,
+        /// I/O submission / completion queues created in the CMB or host memory.
+        io_sqs_created_in_cmb,
+        io_sqs_created_in_host,
+        io_cqs_created_in_cmb,
+        io_cqs_created_in_host,
+        /// All DMA bytes, by target.
+        cmb_read_bytes,
+        cmb_write_bytes,
+        pmr_read_bytes,
+        pmr_write_bytes,
+        host_read_bytes,
+        host_write_bytes,
+        /// Guest-memory accesses that failed.
+        dma_faults,
+        /// MSI-X vectors signalled.
+        interrupts,
+        /// Asynchronous events completed to the host.
+        async_events,
+        /// Backing store operations that failed (EIO, ENOSPC...).
+        backend_errors,
+        /// Injected faults that fired (one per spec per command), completions
+        /// whose interrupt was dropped on purpose, commands held without a
+        /// completion (`timeout`), and held commands that an Abort aborted.
+        injected_faults,
+        interrupts_dropped,
+        /// Completions whose interrupt was sent late on purpose (`delay-irq`).
+        interrupts_delayed,
+        commands_held,
+        commands_aborted,
+        /// Reads failed by an injected media error.
+        injected_media_errors,
+        /// Internal errors (a panic at the queue-worker boundary) that set
+        /// CSTS.CFS.
+        internal_errors,
+        /// Flushes refused because an earlier flush of the namespace failed
+        /// (sticky until a controller reset).
+        sticky_flush_failures,
+    }
 }
 
 /// The CMB as the tester wants to see it.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
-use p2plab_nvme::testing::RecordingInterrupts;
+use p2plab_kit::testing::RecordingInterrupts;
 use p2plab_nvme::{ControllerConfig, FileBackend, Namespace, NamespaceIds, NvmeController};
 
 const RAM: u64 = 0x1000_0000;
@@ -95,12 +95,12 @@ impl Lab {
 
     fn read32(&self, offset: u64) -> u32 {
         let mut b = [0u8; 4];
-        self.ctrl.read_bar0(offset, &mut b);
+        self.ctrl.regs_read(offset, &mut b);
         u32::from_le_bytes(b)
     }
 
     fn write32(&self, offset: u64, value: u32) {
-        self.ctrl.write_bar0(offset, &value.to_le_bytes());
+        self.ctrl.regs_write(offset, &value.to_le_bytes());
     }
 
     fn wait_ready(&self, want: Ready) -> bool {
@@ -124,8 +124,8 @@ impl Lab {
         let zeros = vec![0u8; 0x2_0000];
         self.guest.write(ASQ, &zeros).expect("clear admin queues");
         self.write32(AQA, ((ADMIN_ENTRIES - 1) << 16) | (ADMIN_ENTRIES - 1));
-        self.ctrl.write_bar0(ASQ_REG, &ASQ.to_le_bytes());
-        self.ctrl.write_bar0(ACQ_REG, &ACQ.to_le_bytes());
+        self.ctrl.regs_write(ASQ_REG, &ASQ.to_le_bytes());
+        self.ctrl.regs_write(ACQ_REG, &ACQ.to_le_bytes());
         // IOSQES=6, IOCQES=4, EN.
         self.write32(CC, (4 << 20) | (6 << 16) | 1);
         assert!(
@@ -223,9 +223,9 @@ fn random_register_storms_never_stop_the_controller() {
             let data = rng.next().to_le_bytes();
             if rng.below(3) == 0 {
                 let mut buf = [0u8; 8];
-                lab.ctrl.read_bar0(offset, &mut buf[..width]);
+                lab.ctrl.regs_read(offset, &mut buf[..width]);
             } else {
-                lab.ctrl.write_bar0(offset, &data[..width]);
+                lab.ctrl.regs_write(offset, &data[..width]);
             }
         }
         lab.reset_and_enable();

@@ -54,8 +54,10 @@ pub trait PciModel: Send {
     /// threads started has finished or failed, and none starts again until
     /// the guest sets Bus Master Enable and restarts the device. DMA is
     /// fenced by the transport meanwhile, so waiting for workers blocked in
-    /// DMA cannot deadlock (see [`p2plab_vfio_user::Device::reset`]).
-    fn reset(&mut self);
+    /// DMA cannot deadlock (see [`p2plab_vfio_user::Device::reset`]). A
+    /// model that cannot quiesce in bounded time returns an error, which
+    /// the client gets as the reset's answer.
+    fn reset(&mut self) -> Result<(), DeviceError>;
     /// The guest changed something in config space.
     fn config_changed(&mut self, _change: &ConfigChange) {}
     /// A file backing BAR `bar`, to let the client mmap it.
@@ -373,8 +375,7 @@ impl<M: PciModel> Device for PciFunction<M> {
         debug!("function reset");
         self.config.reset();
         self.irq.reset();
-        self.model.reset();
-        Ok(())
+        self.model.reset()
     }
 
     fn dma_changed(&mut self) {

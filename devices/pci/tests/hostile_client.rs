@@ -30,7 +30,9 @@ impl PciModel for Quiet {
     fn bar_write(&mut self, _bar: u8, _offset: u64, _data: &[u8]) -> Result<(), DeviceError> {
         Ok(())
     }
-    fn reset(&mut self) {}
+    fn reset(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// Runs `f` on a thread; `None` if it did not finish within `secs`.

@@ -8,8 +8,9 @@
 //! file is mode 0600, and a peer of another uid is refused (SO_PEERCRED),
 //! whatever the file's mode.
 //!
-//! The device binary supplies a [`ControlHandler`]; this module knows no
-//! device.
+//! A [`ControlHandler`] answers the requests; for a device it is
+//! [`crate::DeviceHandler`] over the model's `p2plab_kit::DeviceControl`.
+//! This module knows no device.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
@@ -64,30 +65,6 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
         None
     }
-}
-
-/// A `status` answer: the device's stats (the same JSON as its
-/// stats.json), its fault report under `faults` and, when it has them, its
-/// registers by name under `registers`.
-pub fn status_reply(
-    stats_json: &str,
-    faults: impl Serialize,
-    registers: Option<Vec<(&'static str, u64)>>,
-) -> Result<serde_json::Value, String> {
-    let mut value: serde_json::Value =
-        serde_json::from_str(stats_json).map_err(|e| e.to_string())?;
-    if let Some(object) = value.as_object_mut() {
-        let faults = serde_json::to_value(faults).map_err(|e| e.to_string())?;
-        object.insert("faults".into(), faults);
-        if let Some(registers) = registers {
-            let registers: serde_json::Map<String, serde_json::Value> = registers
-                .into_iter()
-                .map(|(name, value)| (name.to_owned(), value.into()))
-                .collect();
-            object.insert("registers".into(), registers.into());
-        }
-    }
-    Ok(value)
 }
 
 /// Answers `request`: `trace` from the handler's tracer, the rest by the

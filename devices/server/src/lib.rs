@@ -10,11 +10,17 @@
 //!   interrupt keeps a client fd open),
 //! - [`log_limited!`] for log lines a guest or client can trigger at will,
 //! - the control socket ([`control`]) that `p2plab-ctl` talks to,
-//! - the `main` skeleton: order of setup, error reporting and exit codes.
+//! - the `main` skeleton: order of setup, error reporting and exit codes,
+//! - the PCI identity flags ([`PciIdArgs`]),
+//! - serving a device built from p2plab-kit ([`serve_device`]): the peer
+//!   registry, tracer, `--inject` flags, control socket, stats and the
+//!   shutdown order, written once for every device, with the control verbs
+//!   ([`DeviceHandler`]) and the stats JSON, DMA paths included
+//!   ([`DeviceStats`]), computed here.
 //!
 //! The transport (p2plab-vfio-user) stays free of these process concerns.
 //!
-//! A binary's `main` looks like:
+//! A binary's `main.rs` is its flags and how it builds its PCI function:
 //!
 //! ```ignore
 //! fn main() -> ExitCode {
@@ -23,17 +29,11 @@
 //! }
 //!
 //! fn run(args: &Args, launch: Launch<'_>) -> anyhow::Result<()> {
-//!     let (mut device, dma, counters) = build_device(args)?;
-//!     let server = Server::new(args.server.server_config(), dma)?;
-//!     let running = launch.start(&server, counters)?;
-//!     let result = server.run(&mut device);
-//!     drop(device);
-//!     let final_counters = running.finish();
-//!     result?;
-//!     Ok(())
+//!     let dma = DmaSpace::new();
+//!     let function = my_device_function(&args.ids.ids(DEFAULT_IDS), Arc::new(dma.clone()))?;
+//!     p2plab_server::serve_device(&args.server, launch, dma, function, &args.injections)
 //! }
 //! ```
-
 //!
 //! ## Layering
 //!
@@ -41,12 +41,15 @@
 //! `docs/check/tests/layering.rs`); each line lists what a module uses:
 //!
 //! ```text
-//! process     -> args, counters, logging, signals, stats_file   (the main skeleton)
+//! serve       -> args, control, device, process                  (serve_device)
+//! process     -> args, counters, logging, signals, stats_file, usage
+//! device      -> control                                        (a device's stats and verbs)
 //! signals     -> counters                                       (signal thread)
 //! stats_file  -> counters                                       (stats file thread)
 //! logging     -> args
-//! control                                                       (control socket, leaf)
-//! args, counters                                                (leaves)
+//! args        -> control                                        (its default path)
+//! control     -> usage                                          (control socket)
+//! counters, pci_ids, usage                                      (leaves)
 //! ```
 
 #![deny(missing_docs)]
@@ -54,18 +57,24 @@
 mod args;
 pub mod control;
 mod counters;
+pub mod device;
 mod logging;
+mod pci_ids;
 mod process;
+mod serve;
 mod signals;
 mod stats_file;
 pub mod usage;
 
 pub use args::ServerArgs;
 pub use counters::CountersJson;
+pub use device::{DeviceHandler, DeviceStats, DmaPaths};
 pub use logging::init_logging;
 /// Rate-limited logging for anything a client or guest can trigger at will
 /// (see [`p2plab_ratelimit`]).
 pub use p2plab_ratelimit::log_limited;
+pub use pci_ids::{parse_pci_id, PciIdArgs};
 pub use process::{raise_fd_limit, run_main, Launch, Running, ServerProcess};
+pub use serve::serve_device;
 pub use signals::{SecondSignal, ShutdownSignals, Sigusr1};
 pub use stats_file::{write_stats_file, StatsFileWriter};

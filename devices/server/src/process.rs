@@ -168,6 +168,11 @@ pub struct Launch<'a> {
 }
 
 impl Launch<'_> {
+    /// The process's name (`p2plab-nvme`...), for log lines.
+    pub fn process_name(&self) -> &'static str {
+        self.process.name
+    }
+
     /// Starts what runs beside `server`: the signal thread, which shuts the
     /// server down, and the `--stats-file` writer, if asked for. Call it
     /// just before `server.run(..)`; the helper threads log in the

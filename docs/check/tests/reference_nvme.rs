@@ -1,5 +1,5 @@
 //! `docs/reference/nvme.md` against p2plab-nvme's own tables, both ways:
-//! the registers (`reg::name`), the admin and I/O command tables, the keys
+//! the registers (`Reg::ALL`), the admin and I/O command tables, the keys
 //! of stats.json (`StatsSnapshot` and its parts) and the control verbs.
 //!
 //! Catches: a register, command or counter added, removed, renamed or
@@ -12,7 +12,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use p2plab_docs::reference::{differences, json_keys, number, Page};
-use p2plab_nvme::registers::reg;
+use p2plab_kit::regs::Width;
+use p2plab_nvme::registers::{register_name, Reg, DOORBELLS};
 use p2plab_nvme::stats::{
     CmbSnapshot, ControllerSnapshot, Counters, HostMemorySnapshot, NamespaceSnapshot, PmrSnapshot,
     QueueSnapshot, StatsSnapshot,
@@ -24,23 +25,21 @@ fn page() -> Page {
     Page::read(PAGE).unwrap()
 }
 
-/// (offset, name, width) of every register `reg::name` knows: a name at
-/// offset + 4 that is the same or `NAME.hi` makes a register 64-bit; the
-/// doorbells are one row at their start.
+/// (offset, name, width) of every register in the register map (`Reg`,
+/// declared with p2plab-kit's `registers!`), plus the doorbells as one row
+/// at their start, named as `register_name` names them.
 fn code_registers() -> BTreeSet<(u64, String, u64)> {
-    let mut out = BTreeSet::new();
-    let mut offset = 0;
-    while offset < reg::DOORBELLS {
-        let name = reg::name(offset);
-        let high_half = name.ends_with(".hi") || offset >= 4 && reg::name(offset - 4) == name;
-        if name != "reserved" && !high_half {
-            let next = reg::name(offset + 4);
-            let wide = next == name || next == format!("{name}.hi");
-            out.insert((offset, name.to_string(), if wide { 64 } else { 32 }));
-        }
-        offset += 4;
-    }
-    out.insert((reg::DOORBELLS, reg::name(reg::DOORBELLS).to_string(), 32));
+    let mut out: BTreeSet<(u64, String, u64)> = Reg::ALL
+        .iter()
+        .map(|reg| {
+            let bits = match reg.width() {
+                Width::Bits32 => 32,
+                Width::Bits64 => 64,
+            };
+            (reg.offset(), reg.name().to_string(), bits)
+        })
+        .collect();
+    out.insert((DOORBELLS, register_name(DOORBELLS).into_owned(), 32));
     out
 }
 

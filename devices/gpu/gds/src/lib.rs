@@ -17,7 +17,6 @@
 //! The decision is [`plan::plan`], a pure function; [`exec`] runs it.
 
 pub mod buffer;
-pub mod crc32c;
 pub mod driver;
 pub mod error;
 pub mod exec;

@@ -3,8 +3,9 @@
 //! [`STEP_BYTES`], and gives up between steps once the command is
 //! abandoned.
 
+use p2plab_dma::GuestMemory;
+
 use crate::command::Command;
-use crate::crc32c::Crc32c;
 use crate::stats::Stats;
 use crate::status::StatusCode;
 
@@ -30,7 +31,8 @@ impl Engine {
                 return Outcome::Abandoned;
             }
             let buf = &mut self.step_buf[..n];
-            if let Err(fault) = self.device.memory.read(cmd.src + off, buf) {
+            let memory = self.device.gate.bound(self.epoch);
+            if let Err(fault) = memory.read(cmd.src + off, buf) {
                 p2plab_ratelimit::log_limited!(warn, error = %fault, "COPY_TO_VRAM: guest read failed");
                 return Outcome::failed(data_fault_status(&fault));
             }
@@ -53,7 +55,8 @@ impl Engine {
                 p2plab_ratelimit::log_limited!(warn, error = %e, "COPY_FROM_VRAM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
-            if let Err(fault) = self.device.memory.write(cmd.dst + off, buf) {
+            let memory = self.device.gate.bound(self.epoch);
+            if let Err(fault) = memory.write(cmd.dst + off, buf) {
                 p2plab_ratelimit::log_limited!(warn, error = %fault, "COPY_FROM_VRAM: guest write failed");
                 return Outcome::failed(data_fault_status(&fault));
             }
@@ -126,7 +129,9 @@ impl Engine {
     }
 
     pub(super) fn checksum(&mut self, cmd: &Command) -> Outcome {
-        let mut crc = Crc32c::new();
+        // CRC-32C (Castagnoli), as the guest tool and ext4/iSCSI compute
+        // it; appended step by step.
+        let mut crc = 0u32;
         for (off, n) in steps(cmd.len) {
             if self.abandoned() {
                 return Outcome::Abandoned;
@@ -136,9 +141,9 @@ impl Engine {
                 p2plab_ratelimit::log_limited!(warn, error = %e, "CHECKSUM: VRAM read failed");
                 return Outcome::failed(StatusCode::VramIo);
             }
-            crc.update(buf);
+            crc = crc32c::crc32c_append(crc, buf);
             Stats::add(&self.device.stats.bytes_checksummed, n as u64);
         }
-        Outcome::ok(crc.finish())
+        Outcome::ok(crc)
     }
 }

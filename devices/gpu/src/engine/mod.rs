@@ -11,11 +11,12 @@ pub mod opcodes;
 use std::sync::Arc;
 use std::time::Instant;
 
-use p2plab_dma::{DmaFault, DmaFaultKind};
+use p2plab_dma::{DmaFault, DmaFaultKind, GuestMemory};
 use p2plab_fault::GpuDecision;
+use p2plab_kit::{BoundMemory, Epoch};
 
 use crate::command::{Command, CommandFlags, Completion, COMMAND_SIZE};
-use crate::device::{BusMaster, Device};
+use crate::device::Device;
 use crate::regs::{IntCauses, ENGINE_VECTOR};
 use crate::stats::Stats;
 use crate::status::StatusCode;
@@ -63,7 +64,11 @@ struct TakenEntry {
     generation: u64,
     addr: u64,
     ring: RingMemory,
-    bus_master: BusMaster,
+    /// Bus Master Enable when it was taken.
+    bus_master: bool,
+    /// The DMA gate's epoch when it was taken: its DMA is refused once a
+    /// reset has quiesced the gate since.
+    epoch: Epoch,
 }
 
 /// Whether the completion record got written.
@@ -109,15 +114,18 @@ pub(crate) struct Engine {
     pattern_buf: Vec<u8>,
     /// Generation of the entry being processed.
     generation: u64,
+    /// DMA gate epoch of the entry being processed.
+    epoch: Epoch,
 }
 
 impl Engine {
     pub fn new(device: Arc<Device>) -> Self {
         Self {
-            device,
+            device: Arc::clone(&device),
             step_buf: vec![0; STEP_BYTES],
             pattern_buf: Vec::new(),
             generation: 0,
+            epoch: device.gate.epoch(),
         }
     }
 
@@ -143,7 +151,8 @@ impl Engine {
                         } else {
                             RingMemory::Guest
                         },
-                        bus_master: BusMaster::from(regs.bus_master_enabled),
+                        bus_master: regs.bus_master_enabled,
+                        epoch: self.device.gate.epoch(),
                     })
                 } else {
                     None
@@ -163,6 +172,11 @@ impl Engine {
         }
     }
 
+    /// Guest memory for the current entry's DMA.
+    pub(super) fn memory(&self) -> BoundMemory<'_> {
+        self.device.gate.bound(self.epoch)
+    }
+
     /// Whether a reset or ring disable overtook the current entry.
     fn abandoned(&self) -> bool {
         self.device.generation() != self.generation
@@ -171,6 +185,7 @@ impl Engine {
     fn process(&mut self, taken: TakenEntry) {
         let started = Instant::now();
         self.generation = taken.generation;
+        self.epoch = taken.epoch;
         let raw = match self.fetch(&taken) {
             Ok(raw) => raw,
             Err(error) => {
@@ -255,7 +270,7 @@ impl Engine {
             }
             Some(Operand::BusAddress) => serde_json::json!({
                 "addr": p2plab_trace::hex(value),
-                "at": self.device.memory.locate(value, cmd.len).name(),
+                "at": self.device.gate.locate(value, cmd.len).name(),
             }),
             _ => serde_json::Value::Null,
         };
@@ -323,10 +338,9 @@ impl Engine {
                 p2plab_ratelimit::log_limited!(warn, addr = taken.addr, error = %e, "ring fetch from VRAM failed");
                 StatusCode::RingFetch
             })?,
-            (RingMemory::Guest, BusMaster::Disabled) => return Err(StatusCode::NoBusMaster),
-            (RingMemory::Guest, BusMaster::Enabled) => self
-                .device
-                .memory
+            (RingMemory::Guest, false) => return Err(StatusCode::NoBusMaster),
+            (RingMemory::Guest, true) => self
+                .memory()
                 .read(taken.addr, &mut raw)
                 .map_err(|fault| {
                     p2plab_ratelimit::log_limited!(warn, error = %fault, "ring fetch from guest memory failed");
@@ -341,7 +355,7 @@ impl Engine {
         &mut self,
         cmd: &Command,
         spec: Option<&'static OpcodeSpec>,
-        bus_master: BusMaster,
+        bus_master: bool,
     ) -> Outcome {
         if cmd.reserved0 != 0 || cmd.reserved1 != [0, 0] || cmd.flags.has_unknown() {
             return Outcome::failed(StatusCode::BadCommand);
@@ -356,8 +370,7 @@ impl Engine {
         let Some(spec) = spec else {
             return Outcome::failed(StatusCode::BadOpcode);
         };
-        let bus_master_enabled = bus_master == BusMaster::Enabled;
-        if let Err(status) = spec.check_operands(cmd, &self.device.vram, bus_master_enabled) {
+        if let Err(status) = spec.check_operands(cmd, &self.device.vram, bus_master) {
             return Outcome::failed(status);
         }
         if let Some(status) = self.vram_read_error(cmd, spec) {
@@ -371,14 +384,14 @@ impl Engine {
         cmd: &Command,
         status: StatusCode,
         result: u32,
-        bus_master: BusMaster,
+        bus_master: bool,
     ) -> RecordWrite {
         // A command with flags we do not understand must not make us write
         // guest memory.
         if !cmd.flags.contains(CommandFlags::COMPLETION) || cmd.flags.has_unknown() {
             return RecordWrite::NotAsked;
         }
-        if bus_master == BusMaster::Disabled {
+        if !bus_master {
             return RecordWrite::Failed;
         }
         let record = Completion {
@@ -387,7 +400,7 @@ impl Engine {
             result,
         }
         .encode();
-        match self.device.memory.write(cmd.completion_addr, &record) {
+        match self.memory().write(cmd.completion_addr, &record) {
             Ok(()) => RecordWrite::Written,
             Err(fault) => {
                 p2plab_ratelimit::log_limited!(warn, error = %fault, "completion record write failed");

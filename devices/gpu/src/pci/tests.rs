@@ -30,7 +30,7 @@ const MSIX_ENTRY_VECTOR_CONTROL: u64 = 12;
 
 fn function(vram_size: u64) -> PciFunction<GpuFunction> {
     gpu_function(
-        &GpuIds::default(),
+        &DEFAULT_IDS,
         Vram::new(vram_size).unwrap(),
         // No guest memory: every DMA faults.
         Arc::new(FakeGuestMemory::new()),
@@ -85,10 +85,10 @@ fn identity_and_bars() {
     let mut f = function(1 << 30);
     assert_eq!(
         cfg_read32(&mut f, VENDOR_DEVICE_ID),
-        u32::from(DEFAULT_DEVICE_ID) << 16 | u32::from(DEFAULT_VENDOR_ID)
+        u32::from(DEFAULT_IDS.device_id) << 16 | u32::from(DEFAULT_IDS.vendor_id)
     );
     assert_eq!(cfg_read32(&mut f, REVISION_CLASS) >> 8, CLASS_CODE.as_u24());
-    assert_eq!(cfg_read32(&mut f, REVISION_CLASS) as u8, REVISION_ID);
+    assert_eq!(cfg_read32(&mut f, REVISION_CLASS) as u8, 1);
     // BAR2: 64-bit (type 0b10) prefetchable memory.
     assert_eq!(
         cfg_read32(&mut f, BAR2_LOW) & BAR_FLAGS,
@@ -102,8 +102,11 @@ fn identity_and_bars() {
     assert_eq!(!(hi << 32 | lo) + 1, 1 << 30);
     assert_eq!(f.config().bar_size(REGS_BAR.into()), Some(REGS_BAR_SIZE));
     assert_eq!(f.config().bar_size(VRAM_BAR.into()), Some(1 << 30));
-    assert_eq!(f.config().bar_size(MSIX_BAR.into()), Some(MSIX_BAR_SIZE));
-    assert_eq!(f.config().msix().map(|m| m.vectors), Some(MSIX_VECTORS));
+    assert_eq!(
+        f.config().bar_size(MSIX.bar.into()),
+        Some(p2plab_kit::MsixBar::SIZE)
+    );
+    assert_eq!(f.config().msix().map(|m| m.vectors), Some(MSIX.vectors));
     assert!(
         f.config().capability_offset(CAP_ID_PCIE).is_some(),
         "PCIe cap"
@@ -112,11 +115,12 @@ fn identity_and_bars() {
 
 #[test]
 fn custom_ids() {
-    let ids = GpuIds {
+    let ids = PciIds {
         vendor_id: 0x1234,
         device_id: 0x5678,
         subsystem_vendor_id: 0x1af4,
         subsystem_id: 0x0001,
+        revision: 1,
     };
     let config = config_space(&ids, 256 << 20).unwrap();
     assert_eq!((config.vendor_id(), config.device_id()), (0x1234, 0x5678));
@@ -229,7 +233,7 @@ fn engine_interrupt_reaches_the_msix_eventfd() {
     set_command(&mut f, COMMAND_MEMORY | COMMAND_BUS_MASTER);
     // Unmask table entry 0.
     f.region_write(
-        u32::from(MSIX_BAR),
+        u32::from(MSIX.bar),
         MSIX_ENTRY_VECTOR_CONTROL,
         &0u32.to_le_bytes(),
     )

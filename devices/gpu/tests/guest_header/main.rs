@@ -34,8 +34,8 @@ fn rust_defines() -> BTreeMap<String, u64> {
         assert!(out.insert(name.clone(), value).is_none(), "{name} twice");
     };
     for (name, value) in [
-        ("P2PLAB_GPU_VENDOR_ID", DEFAULT_VENDOR_ID.into()),
-        ("P2PLAB_GPU_DEVICE_ID", DEFAULT_DEVICE_ID.into()),
+        ("P2PLAB_GPU_VENDOR_ID", DEFAULT_IDS.vendor_id.into()),
+        ("P2PLAB_GPU_DEVICE_ID", DEFAULT_IDS.device_id.into()),
         ("P2PLAB_GPU_REGS_BAR", REGS_BAR.into()),
         ("P2PLAB_GPU_REGS_BAR_SIZE", REGS_BAR_SIZE),
         ("P2PLAB_GPU_VRAM_BAR", VRAM_BAR.into()),

@@ -165,7 +165,7 @@ fn unknown_flags_are_rejected_without_writing_a_record() {
 fn host_copies_without_bus_master_fail_but_vram_ring_keeps_working() {
     let mut rig = Rig::new(256 << 20);
     rig.enable_ring(128 << 20, 8, RingIn::Vram);
-    rig.gpu.set_bus_master(BusMaster::Disabled);
+    rig.gpu.set_bus_master(false);
     let f = rig.submit(cmd(op::COPY_TO_VRAM, DATA_GPA, 0, 4096));
     rig.wait_fence(f);
     assert_eq!(rig.read32(Reg::EngineError), StatusCode::NoBusMaster.code());

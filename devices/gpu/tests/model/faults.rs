@@ -7,6 +7,8 @@
 //! whose cause is not latched for a polling driver; a VRAM error that
 //! fails jobs outside its range or is not reported in VRAM_ERR_*.
 
+use p2plab_kit::DeviceControl;
+
 use crate::rig::*;
 use p2plab_gpu::GpuFaultSpec;
 
@@ -84,7 +86,7 @@ fn hang_ends_with_a_device_reset_too() {
     wait_until("the hang to be taken", || {
         rig.gpu.stats().injected_hangs == 1
     });
-    rig.gpu.fault_control().reset();
+    rig.gpu.control().reset().unwrap();
     rig.wait_idle();
     assert_eq!(rig.read64(Reg::Fence), 0);
     assert_eq!(rig.gpu.stats().resets, 1);
@@ -124,20 +126,20 @@ fn vram_error_fails_reads_of_its_range_only_and_is_reported() {
     assert_eq!(rig.read32(Reg::VramErrCount), 2);
     // Writes into it are not reads: they run.
     assert_eq!(rig.run(fill_cmd(0x3000, 0x1000, 5)).status, 0);
-    let registers = rig.gpu.fault_control().registers();
+    let registers = rig.gpu.control().registers().unwrap();
     let reg = |name: &str| registers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     assert_eq!(reg("VRAM_ERR_COUNT"), Some(2));
     assert_eq!(reg("VRAM_ERR_ADDR"), Some(0x3800));
     assert_eq!(reg("ENGINE_ERROR"), Some(StatusCode::VramIo.code().into()));
     assert_eq!(reg("DOORBELL"), None, "write-only");
-    let report = rig.gpu.fault_control().report();
+    let report = rig.gpu.control().report();
     assert_eq!(report.len(), 1);
     assert_eq!((report[0].id, report[0].fired), (id, 2));
     assert_eq!(rig.gpu.stats().vram_errors, 2);
     // Cleared: the range reads again; reset clears the registers.
-    rig.gpu.fault_control().clear();
+    rig.gpu.control().clear();
     assert_eq!(rig.run(cmd(op::CHECKSUM, 0x3000, 0, 0x1000)).status, 0);
-    rig.gpu.reset();
+    rig.gpu.reset().unwrap();
     assert_eq!(rig.read32(Reg::VramErrCount), 0);
     assert_eq!(rig.read64(Reg::VramErrAddr), 0);
 }

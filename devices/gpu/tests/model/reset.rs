@@ -2,7 +2,9 @@
 //!
 //! Catches: an abandoned job that still retires (fence, record or
 //! interrupt), registers not back to power-on values, VRAM written after
-//! a reset.
+//! a reset, a reset that returns while the engine's DMA still runs.
+
+use std::time::Duration;
 
 use crate::rig::*;
 
@@ -29,7 +31,20 @@ fn abandon_copy_midway(interrupt: impl FnOnce(&mut Rig)) -> Rig {
 fn reset_abandons_the_job_in_flight_and_restores_defaults() {
     let rig = abandon_copy_midway(|rig| {
         rig.write32(Reg::Scratch, 5);
-        rig.gpu.reset();
+        // The transport fences DMA while it resets; the fake cannot, so
+        // the held read is what the reset must wait for.
+        std::thread::scope(|s| {
+            let (done_tx, done) = std::sync::mpsc::channel();
+            let gpu = &rig.gpu;
+            s.spawn(move || done_tx.send(gpu.reset()));
+            assert!(
+                done.recv_timeout(Duration::from_millis(100)).is_err(),
+                "reset returned while the engine's DMA was in flight"
+            );
+            rig.ram.open_gate();
+            let quiesced = done.recv_timeout(Duration::from_secs(10));
+            assert_eq!(quiesced.expect("reset returned"), Ok(()));
+        });
     });
     assert_eq!(rig.read64(Reg::Fence), 0);
     assert_eq!(rig.read32(Reg::Scratch), 0);

@@ -10,8 +10,9 @@ pub use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, C
 pub use p2plab_gpu::engine::opcodes::op;
 pub use p2plab_gpu::regs::*;
 pub use p2plab_gpu::status::StatusCode;
-use p2plab_gpu::testing::{CountingInterrupts, GatedMemory};
-pub use p2plab_gpu::{BusMaster, Gpu, Vram};
+use p2plab_gpu::testing::GatedMemory;
+pub use p2plab_gpu::{Gpu, Vram};
+use p2plab_kit::testing::RecordingInterrupts;
 
 /// Guest RAM window used by the tests.
 pub const RAM_BASE: u64 = 0x1_0000_0000;
@@ -45,7 +46,7 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 pub struct Rig {
     pub gpu: Gpu,
     pub ram: Arc<Ram>,
-    pub irq: Arc<CountingInterrupts>,
+    pub irq: Arc<RecordingInterrupts>,
     pub entries: u32,
     pub tail: u32,
     pub next_fence: u64,
@@ -57,9 +58,9 @@ impl Rig {
             FakeGuestMemory::new().with_region(RAM_BASE, RAM_SIZE),
             DATA_GPA,
         ));
-        let irq = Arc::new(CountingInterrupts::default());
+        let irq = RecordingInterrupts::new();
         let gpu = Gpu::new(Vram::new(vram_size).unwrap(), ram.clone(), irq.clone()).unwrap();
-        gpu.set_bus_master(BusMaster::Enabled);
+        gpu.set_bus_master(true);
         Self {
             gpu,
             ram,
@@ -188,7 +189,7 @@ impl Rig {
     }
 
     pub fn irqs(&self) -> u64 {
-        self.irq.count()
+        self.irq.total() as u64
     }
 
     pub fn wait_irqs(&self, n: u64) {

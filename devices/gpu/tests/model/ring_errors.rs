@@ -80,7 +80,7 @@ fn ring_in_unmapped_memory_halts_with_fetch_error() {
 #[test]
 fn no_bus_master_halts_a_host_ring() {
     let mut rig = Rig::ready();
-    rig.gpu.set_bus_master(BusMaster::Disabled);
+    rig.gpu.set_bus_master(false);
     rig.submit(cmd(op::NOP, 0, 0, 0));
     wait_until("halt", || rig.status().contains(Status::HALTED));
     assert_halted(&rig, StatusCode::NoBusMaster);

@@ -24,7 +24,7 @@ fn jobs_injected_faults_and_resets_are_decoded() {
     rig.gpu.inject(spec).unwrap();
     let r = rig.run(fill_cmd(0, 4096, 7));
     assert_eq!(r.status, StatusCode::VramIo.code());
-    rig.gpu.reset();
+    rig.gpu.reset().unwrap();
     rig.gpu.tracer().disable();
 
     let text = std::fs::read_to_string(&path).unwrap();

@@ -11,10 +11,11 @@ use super::{NvmeController, CMB_BAR, MPS_MAX, PMR_BAR, PMR_READY_TIMEOUT};
 use crate::identify::VERSION;
 use crate::queues::{CompletionQueue, CqInterrupts, QueueMemory, SubmissionQueue};
 use crate::registers::{
-    reg, with_dword, Aqa, Cc, CmbLoc, CmbMsc, CmbSts, CmbSz, Dword, PmrCap, PmrCtl, PmrMsc, PmrSts,
-    Shst,
+    reg, register_name, Aqa, Cc, CmbLoc, CmbMsc, CmbSts, CmbSz, Half, PmrCap, PmrCtl, PmrMsc,
+    PmrSts, Reg, Shst, DOORBELLS,
 };
 use crate::state::{ControllerState, Regs};
+use p2plab_kit::regs::{read_bytes, write_dwords};
 
 /// Bytes of the admin queues at their largest (4096 entries), which must
 /// not wrap the address space.
@@ -29,7 +30,7 @@ fn le_value(data: &[u8]) -> u64 {
 
 impl NvmeController {
     /// A trapped read of BAR0 (registers and doorbells; 1 to 8 bytes).
-    pub fn read_bar0(&self, offset: u64, data: &mut [u8]) {
+    pub fn regs_read(&self, offset: u64, data: &mut [u8]) {
         let state = &self.state;
         state.stats.register_reads.fetch_add(1, Ordering::Relaxed);
         let end = offset.saturating_add(data.len() as u64);
@@ -40,16 +41,13 @@ impl NvmeController {
             state.persist_pmr();
         }
         let regs = crate::lock(&state.regs);
-        for (i, byte) in data.iter_mut().enumerate() {
-            let at = offset.saturating_add(i as u64);
-            let dword = register(state, &regs, at & !3);
-            *byte = (dword >> ((at & 3) * 8)) as u8;
-        }
+        // The transport keeps accesses inside the BAR; no 0xff tail.
+        read_bytes(offset, data, u64::MAX, |at| register(state, &regs, at));
         drop(regs);
-        if offset < reg::DOORBELLS && offset != reg::CSTS {
+        if offset < DOORBELLS && offset != reg::CSTS {
             // CSTS is polled in loops; everything else is worth a line.
             debug!(
-                register = reg::name(offset),
+                register = %register_name(offset),
                 offset = format_args!("{offset:#x}"),
                 len = data.len(),
                 value = format_args!("{:#x}", le_value(data)),
@@ -57,7 +55,7 @@ impl NvmeController {
             );
         } else {
             trace!(
-                register = reg::name(offset),
+                register = %register_name(offset),
                 value = format_args!("{:#x}", le_value(data)),
                 "register read"
             );
@@ -66,12 +64,13 @@ impl NvmeController {
 
     /// A trapped write of BAR0. Registers take aligned 4- or 8-byte
     /// writes; anything else is ignored, as on real controllers.
-    pub fn write_bar0(&self, offset: u64, data: &[u8]) {
+    pub fn regs_write(&self, offset: u64, data: &[u8]) {
         self.state
             .stats
             .register_writes
             .fetch_add(1, Ordering::Relaxed);
-        if !offset.is_multiple_of(4) || (data.len() != 4 && data.len() != 8) {
+        // Dword-aligned qwords are allowed (NVMe base 2.0, 3.1.4).
+        let Some((mut dwords, count)) = write_dwords(offset, data, 4) else {
             p2plab_ratelimit::log_limited!(
                 warn,
                 offset = format_args!("{offset:#x}"),
@@ -79,24 +78,15 @@ impl NvmeController {
                 "ignoring a register write that is not an aligned dword or qword"
             );
             return;
-        }
-        // At most two dwords: no allocation on the doorbell path.
-        let mut dwords = [(0u64, 0u32); 2];
-        let count = data.len() / 4;
-        for (i, c) in data.chunks_exact(4).enumerate().take(2) {
-            dwords[i] = (
-                offset.saturating_add(4 * i as u64),
-                u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            );
-        }
-        let dwords = &mut dwords[..count.min(2)];
+        };
+        let dwords = &mut dwords[..count];
         // A 64-bit CMBMSC write is applied high dword first, like Linux's
         // hi_lo_writeq, so CMSE latches the new base address.
         if offset == reg::CMBMSC && dwords.len() == 2 {
             dwords.reverse();
         }
         for &mut (at, value) in dwords {
-            if at >= reg::DOORBELLS {
+            if at >= DOORBELLS {
                 self.doorbell(at, value);
             } else {
                 self.write_register(at, value);
@@ -106,7 +96,7 @@ impl NvmeController {
 
     fn write_register(&self, offset: u64, value: u32) {
         debug!(
-            register = reg::name(offset),
+            register = %register_name(offset),
             offset = format_args!("{offset:#x}"),
             value = format_args!("{value:#x}"),
             "register write"
@@ -114,7 +104,7 @@ impl NvmeController {
         let state = &self.state;
         state.trace.record("reg-write", || {
             serde_json::json!({
-                "name": reg::name(offset),
+                "name": register_name(offset),
                 "offset": p2plab_trace::hex(offset),
                 "value": p2plab_trace::hex(u64::from(value)),
             })
@@ -122,25 +112,30 @@ impl NvmeController {
         let has_cmb = state.cfg.cmb_size > 0;
         let has_pmr = state.cfg.pmr_size > 0;
         let mut regs = crate::lock(&state.regs);
-        match offset {
-            reg::INTMS => regs.intms |= value,
-            reg::INTMC => regs.intms &= !value,
-            reg::CC => write_cc(state, &mut regs, Cc(value)),
-            reg::AQA => regs.aqa = Aqa(value & Aqa::WRITABLE),
-            reg::ASQ => regs.asq = with_dword(regs.asq, Dword::Low, value),
-            reg::ASQ_HI => regs.asq = with_dword(regs.asq, Dword::High, value),
-            reg::ACQ => regs.acq = with_dword(regs.acq, Dword::Low, value),
-            reg::ACQ_HI => regs.acq = with_dword(regs.acq, Dword::High, value),
-            reg::CMBMSC if has_cmb => {
-                regs.cmbmsc = CmbMsc(with_dword(regs.cmbmsc.0, Dword::Low, value));
-                latch_cmb(state, &mut regs);
+        let Some((register, half)) = Reg::at(offset) else {
+            debug!(
+                offset = format_args!("{offset:#x}"),
+                "write to a reserved offset ignored"
+            );
+            return;
+        };
+        match register {
+            Reg::Intms => regs.intms |= value,
+            Reg::Intmc => regs.intms &= !value,
+            Reg::Cc => write_cc(state, &mut regs, Cc(value)),
+            Reg::Aqa => regs.aqa = Aqa(value & Aqa::WRITABLE),
+            Reg::Asq => regs.asq = half.replace(regs.asq, value),
+            Reg::Acq => regs.acq = half.replace(regs.acq, value),
+            Reg::Cmbmsc if has_cmb => {
+                regs.cmbmsc = CmbMsc(half.replace(regs.cmbmsc.0, value));
+                // The high half of CBA is latched by the next low-dword
+                // write.
+                if half == Half::Low {
+                    latch_cmb(state, &mut regs);
+                }
             }
-            reg::CMBMSC_HI if has_cmb => {
-                // The high half of CBA; latched by the next low-dword write.
-                regs.cmbmsc = CmbMsc(with_dword(regs.cmbmsc.0, Dword::High, value));
-            }
-            reg::PMRCTL if has_pmr => {
-                regs.pmrctl = PmrCtl(value & PmrCtl::EN);
+            Reg::Pmrctl if has_pmr => {
+                regs.pmrctl = PmrCtl::from_raw(value).known();
                 if !regs.pmrctl.en() {
                     // A disabled PMR decodes nothing.
                     regs.pmrmsc = PmrMsc(regs.pmrmsc.0 & !PmrMsc::CMSE);
@@ -150,17 +145,17 @@ impl NvmeController {
                 state.mem.set_pmr_window(decoded);
                 info!(enabled = regs.pmrctl.en(), "PMR control written");
             }
-            reg::PMRMSCL if has_pmr => {
-                regs.pmrmsc = PmrMsc(with_dword(regs.pmrmsc.0, Dword::Low, value));
+            Reg::Pmrmscl if has_pmr => {
+                regs.pmrmsc = PmrMsc(Half::Low.replace(regs.pmrmsc.0, value));
                 latch_pmr(state, &mut regs);
             }
-            reg::PMRMSCU if has_pmr => {
-                regs.pmrmsc = PmrMsc(with_dword(regs.pmrmsc.0, Dword::High, value));
+            Reg::Pmrmscu if has_pmr => {
+                regs.pmrmsc = PmrMsc(Half::High.replace(regs.pmrmsc.0, value));
             }
-            reg::NSSR => debug!("NVM subsystem reset is not supported; write ignored"),
+            Reg::Nssr => debug!("NVM subsystem reset is not supported; write ignored"),
             _ => debug!(
-                offset = format_args!("{offset:#x}"),
-                "write to a read-only or reserved register ignored"
+                register = register.name(),
+                "write to a read-only or absent register ignored"
             ),
         }
     }
@@ -189,29 +184,28 @@ fn cmb_regs(state: &ControllerState, regs: &Regs) -> (u32, u32) {
     (cmbloc.value(), cmbsz.value())
 }
 
-/// The value of the dword at `offset` (dword aligned).
+/// The value of the dword at `offset` (dword aligned); reserved offsets,
+/// doorbells and absent registers read 0.
 fn register(state: &ControllerState, regs: &Regs, offset: u64) -> u32 {
     let has_cmb = state.cfg.cmb_size > 0;
     let has_pmr = state.cfg.pmr_size > 0;
-    let (cmbloc, cmbsz) = cmb_regs(state, regs);
-    match offset {
-        reg::CAP => Dword::Low.of(state.cap),
-        reg::CAP_HI => Dword::High.of(state.cap),
-        reg::VS => VERSION,
-        reg::INTMS | reg::INTMC => regs.intms,
-        reg::CC => regs.cc.0,
-        reg::CSTS => state.csts(regs).0,
-        reg::AQA => regs.aqa.0,
-        reg::ASQ => Dword::Low.of(regs.asq),
-        reg::ASQ_HI => Dword::High.of(regs.asq),
-        reg::ACQ => Dword::Low.of(regs.acq),
-        reg::ACQ_HI => Dword::High.of(regs.acq),
-        reg::CMBLOC => cmbloc,
-        reg::CMBSZ => cmbsz,
-        reg::CMBMSC if has_cmb => Dword::Low.of(regs.cmbmsc.0),
-        reg::CMBMSC_HI if has_cmb => Dword::High.of(regs.cmbmsc.0),
-        reg::CMBSTS => regs.cmbsts.0,
-        reg::PMRCAP if has_pmr => PmrCap {
+    let Some((register, half)) = Reg::at(offset) else {
+        return 0;
+    };
+    let value: u64 = match register {
+        Reg::Cap => state.cap,
+        Reg::Vs => VERSION.into(),
+        Reg::Intms | Reg::Intmc => regs.intms.into(),
+        Reg::Cc => regs.cc.0.into(),
+        Reg::Csts => state.csts(regs).raw().into(),
+        Reg::Aqa => regs.aqa.0.into(),
+        Reg::Asq => regs.asq,
+        Reg::Acq => regs.acq,
+        Reg::Cmbloc => cmb_regs(state, regs).0.into(),
+        Reg::Cmbsz => cmb_regs(state, regs).1.into(),
+        Reg::Cmbmsc if has_cmb => regs.cmbmsc.0,
+        Reg::Cmbsts => regs.cmbsts.raw().into(),
+        Reg::Pmrcap if has_pmr => PmrCap {
             rds: true,
             wds: true,
             bir: PMR_BAR,
@@ -219,23 +213,26 @@ fn register(state: &ControllerState, regs: &Regs, offset: u64) -> u32 {
             pmrto: PMR_READY_TIMEOUT,
             cmss: true,
         }
-        .value(),
-        reg::PMRCTL if has_pmr => regs.pmrctl.0,
-        reg::PMRSTS if has_pmr => {
-            let nrdy = if regs.pmrctl.en() { 0 } else { PmrSts::NRDY };
-            regs.pmrsts.0 | nrdy
-        }
-        reg::PMRMSCL if has_pmr => Dword::Low.of(regs.pmrmsc.0),
-        reg::PMRMSCU if has_pmr => Dword::High.of(regs.pmrmsc.0),
+        .value()
+        .into(),
+        Reg::Pmrctl if has_pmr => regs.pmrctl.raw().into(),
+        Reg::Pmrsts if has_pmr => regs
+            .pmrsts
+            .with(PmrSts::NRDY, !regs.pmrctl.en())
+            .raw()
+            .into(),
+        Reg::Pmrmscl if has_pmr => Half::Low.of(regs.pmrmsc.0).into(),
+        Reg::Pmrmscu if has_pmr => Half::High.of(regs.pmrmsc.0).into(),
         _ => 0,
-    }
+    };
+    half.of(value)
 }
 
 /// CMBMSC low dword written: CRE exposes CMBLOC/CMBSZ, CMSE latches CBA
 /// as the bus address the controller decodes as its CMB.
 fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
     regs.cba = None;
-    regs.cmbsts.0 &= !CmbSts::CBAI;
+    regs.cmbsts = regs.cmbsts.without(CmbSts::CBAI);
     if regs.cmbmsc.cre() && regs.cmbmsc.cmse() {
         let cba = regs.cmbmsc.cba();
         if cba.checked_add(state.cfg.cmb_size).is_none() {
@@ -244,7 +241,7 @@ fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
                 cba = format_args!("{cba:#x}"),
                 "CMB base address invalid"
             );
-            regs.cmbsts.0 |= CmbSts::CBAI;
+            regs.cmbsts |= CmbSts::CBAI;
         } else {
             regs.cba = Some(cba);
             if regs.cmb_bar.is_some_and(|bar| bar != cba) {
@@ -268,7 +265,7 @@ fn latch_cmb(state: &ControllerState, regs: &mut Regs) {
 /// PMRMSCL written: CMSE latches the PMR's controller base address.
 fn latch_pmr(state: &ControllerState, regs: &mut Regs) {
     regs.pmr_cba = None;
-    regs.pmrsts.0 &= !PmrSts::CBAI;
+    regs.pmrsts = regs.pmrsts.without(PmrSts::CBAI);
     if regs.pmrmsc.cmse() {
         let cba = regs.pmrmsc.cba();
         if cba.checked_add(state.cfg.pmr_size).is_none() {
@@ -277,7 +274,7 @@ fn latch_pmr(state: &ControllerState, regs: &mut Regs) {
                 cba = format_args!("{cba:#x}"),
                 "PMR base address invalid"
             );
-            regs.pmrsts.0 |= PmrSts::CBAI;
+            regs.pmrsts |= PmrSts::CBAI;
         } else {
             regs.pmr_cba = Some(cba);
         }

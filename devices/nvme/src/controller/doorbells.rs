@@ -9,17 +9,17 @@ use tracing::trace;
 use super::NvmeController;
 use crate::logs::{AsyncEvent, ErrorEntry};
 use crate::queues::QueueKind;
-use crate::registers::reg;
+use crate::registers::DOORBELLS;
 use crate::spec::{aen, Status};
 
 impl NvmeController {
-    /// The doorbell dword at `offset` (at or past [`reg::DOORBELLS`]):
+    /// The doorbell dword at `offset` (at or past [`DOORBELLS`]):
     /// SQ y tail at `DOORBELLS + 8y`, CQ y head 4 bytes later
     /// (CAP.DSTRD = 0).
     pub(super) fn doorbell(&self, offset: u64, value: u32) {
         let state = &self.state;
         state.stats.doorbell_writes.fetch_add(1, Ordering::Relaxed);
-        let index = (offset - reg::DOORBELLS) / 4;
+        let index = (offset - DOORBELLS) / 4;
         let kind = if index % 2 == 1 {
             QueueKind::Completion
         } else {

@@ -26,13 +26,13 @@ use p2plab_fault::FaultSpec;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};
-use crate::interrupts::Interrupts;
 use crate::memory::DmaRouter;
 use crate::namespace::Namespace;
 use crate::registers::{Cap, Csts};
 use crate::state::{ControllerState, FaultReport, Regs};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::worker;
+use p2plab_kit::Interrupts;
 
 /// CAP.MPSMAX: host memory pages of 4 KiB up to 64 KiB.
 const MPS_MAX: u32 = 4;
@@ -267,7 +267,7 @@ impl NvmeController {
     pub fn csts(&self) -> u32 {
         let regs = crate::lock(&self.state.regs);
         let csts: Csts = self.state.csts(&regs);
-        csts.0
+        csts.raw()
     }
 }
 

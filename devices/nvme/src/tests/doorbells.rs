@@ -28,7 +28,7 @@ fn invalid_doorbell_writes_are_ignored_and_counted() {
     h.write32(0x100c, 5); // CQ 1 head past anything posted
     h.write32(0x1000 + 8 * 200, 1); // queue 200 does not exist
     h.write32(0x1000 + 8 * 3 + 4, 0); // CQ 3 not created
-    h.ctrl.write_bar0(0x1008, &[1, 0]); // 2-byte doorbell write
+    h.ctrl.regs_write(0x1008, &[1, 0]); // 2-byte doorbell write
     let after = h.ctrl.stats().counters.invalid_doorbell_writes;
     assert_eq!(after - before, 5);
     // The queue still works, its tail untouched by the bad writes.

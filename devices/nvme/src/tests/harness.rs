@@ -9,10 +9,10 @@ use crate::config::ControllerConfig;
 use crate::namespace::{BlockBackend, FileBackend, Namespace, NamespaceIds};
 use crate::registers::reg;
 use crate::spec::{admin, Status};
-use crate::testing::RecordingInterrupts;
 use crate::NvmeController;
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::{GuestMemory, HeapRegion, RegionMemory};
+use p2plab_kit::testing::RecordingInterrupts;
 
 /// Guest RAM in the fake address space.
 pub const RAM: u64 = 0x10_0000;
@@ -129,22 +129,22 @@ impl Host {
 
     pub fn read32(&self, offset: u64) -> u32 {
         let mut b = [0u8; 4];
-        self.ctrl.read_bar0(offset, &mut b);
+        self.ctrl.regs_read(offset, &mut b);
         u32::from_le_bytes(b)
     }
 
     pub fn read64(&self, offset: u64) -> u64 {
         let mut b = [0u8; 8];
-        self.ctrl.read_bar0(offset, &mut b);
+        self.ctrl.regs_read(offset, &mut b);
         u64::from_le_bytes(b)
     }
 
     pub fn write32(&self, offset: u64, value: u32) {
-        self.ctrl.write_bar0(offset, &value.to_le_bytes());
+        self.ctrl.regs_write(offset, &value.to_le_bytes());
     }
 
     pub fn write64(&self, offset: u64, value: u64) {
-        self.ctrl.write_bar0(offset, &value.to_le_bytes());
+        self.ctrl.regs_write(offset, &value.to_le_bytes());
     }
 
     /// Like Linux's lo_hi_writeq.

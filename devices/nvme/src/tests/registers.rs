@@ -25,7 +25,7 @@ fn capabilities_and_version() {
         cap
     );
     let mut byte = [0u8; 1];
-    h.ctrl.read_bar0(reg::VS + 2, &mut byte);
+    h.ctrl.regs_read(reg::VS + 2, &mut byte);
     assert_eq!(byte[0], 1, "byte reads of a register");
     let no_cmb = Host::with(
         ControllerConfig {
@@ -191,9 +191,9 @@ fn cmbmsc_latches_cba_on_the_low_dword_and_flags_invalid_bases() {
 #[test]
 fn odd_register_writes_are_ignored() {
     let h = Host::new();
-    h.ctrl.write_bar0(reg::AQA, &[0xff, 0xff]);
+    h.ctrl.regs_write(reg::AQA, &[0xff, 0xff]);
     assert_eq!(h.read32(reg::AQA), 0, "2-byte write ignored");
-    h.ctrl.write_bar0(reg::AQA + 1, &[0xff; 4]);
+    h.ctrl.regs_write(reg::AQA + 1, &[0xff; 4]);
     assert_eq!(h.read32(reg::AQA), 0, "misaligned write ignored");
     h.write32(reg::CAP, 0xffff_ffff);
     assert_eq!(h.read64(reg::CAP) & 0xffff, 1023, "CAP is read-only");
@@ -202,6 +202,6 @@ fn odd_register_writes_are_ignored() {
     h.write32(reg::AQA, 0xffff_ffff);
     assert_eq!(h.read32(reg::AQA), 0x0fff_0fff, "reserved bits masked");
     let mut wide = [0u8; 8];
-    h.ctrl.read_bar0(0x3ff8, &mut wide);
+    h.ctrl.regs_read(0x3ff8, &mut wide);
     assert_eq!(wide, [0; 8], "reads beyond the registers are 0");
 }

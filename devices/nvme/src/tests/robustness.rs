@@ -128,13 +128,13 @@ fn a_panicking_worker_sets_cfs_and_a_controller_reset_recovers() {
     );
     // A Read whose data lands in the window: the DMA panics mid-command.
     h.submit(1, rw(op::READ, 3, 1).prp1(TROUBLE).build());
-    h.wait_csts(Csts::CFS, Csts::CFS);
+    h.wait_csts(Csts::CFS.raw(), Csts::CFS.raw());
     assert_eq!(memory.started.load(Ordering::SeqCst), 1);
     assert_eq!(h.ctrl.stats().counters.internal_errors, 1);
     // Linux's recovery: CC.EN 1->0, wait for RDY 0, enable again.
     h.write32(reg::CC, 0);
-    h.wait_csts(Csts::RDY, 0);
-    assert_eq!(h.read32(reg::CSTS) & Csts::CFS, 0, "reset clears CFS");
+    h.wait_csts(Csts::RDY.raw(), 0);
+    assert_eq!(h.read32(reg::CSTS) & Csts::CFS.raw(), 0, "reset clears CFS");
     h.enable();
     h.create_pair(1);
     let c = h.io(1, rw(op::READ, 3, 1).prp1(DATA + 0x2000).build());
@@ -160,7 +160,11 @@ fn a_function_reset_returns_only_once_no_worker_dmas() {
         0,
         "a DMA was still running when reset returned"
     );
-    assert_eq!(h.ctrl.csts() & Csts::RDY, 0, "a worker outlived the reset");
+    assert_eq!(
+        h.ctrl.csts() & Csts::RDY.raw(),
+        0,
+        "a worker outlived the reset"
+    );
     let started = memory.started.load(Ordering::SeqCst);
     std::thread::sleep(delay + Duration::from_millis(100));
     assert_eq!(

@@ -59,9 +59,10 @@ impl PciModel for TestModel {
         Ok(())
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), DeviceError> {
         self.resets += 1;
         self.regs.fill(0);
+        Ok(())
     }
 
     fn config_changed(&mut self, change: &ConfigChange) {

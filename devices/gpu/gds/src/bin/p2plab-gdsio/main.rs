@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use p2plab_gds::crc32c::Crc32c;
 use p2plab_gds::{Driver, GpuBuffer, VramMapping};
 use serde_json::{json, Value};
 
@@ -158,7 +157,7 @@ fn open_file(args: &IoArgs, write: bool) -> Result<File> {
 /// CRC32C of `len` bytes of `path` at `offset`, read through the page cache.
 fn file_crc(path: &std::path::Path, offset: u64, len: u64) -> Result<u32> {
     let file = File::open(path).with_context(|| format!("reopening {}", path.display()))?;
-    let mut crc = Crc32c::default();
+    let mut crc = 0u32;
     let mut chunk = vec![0u8; 1 << 20];
     let mut done = 0u64;
     while done < len {
@@ -167,10 +166,10 @@ fn file_crc(path: &std::path::Path, offset: u64, len: u64) -> Result<u32> {
         if got == 0 {
             bail!("{} ends {} bytes early", path.display(), len - done);
         }
-        crc.update(&chunk[..got]);
+        crc = crc32c::crc32c_append(crc, &chunk[..got]);
         done += got as u64;
     }
-    Ok(crc.finish())
+    Ok(crc)
 }
 
 fn make_buffer(driver: &Driver, args: &IoArgs, len: u64) -> Result<GpuBuffer> {

@@ -1,44 +1,48 @@
-//! NVMe-only fakes for tests (the guest-memory fakes are p2plab-dma's
-//! `testing` module): an interrupt sink that records vectors.
-//!
-//! Built for this crate's unit tests and, with the `testing` feature, for
-//! integration tests and other crates' tests.
+//! Test doubles every model's tests share (feature `testing`). Guest
+//! memory fakes are p2plab-dma's `testing` module.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::interrupts::Interrupts;
 
-/// Records every interrupt and lets a test wait for one.
-#[derive(Default)]
+/// Records every vector signalled and lets a test wait for one.
+#[derive(Debug, Default)]
 pub struct RecordingInterrupts {
     fired: Mutex<Vec<u16>>,
     cond: Condvar,
 }
 
 impl RecordingInterrupts {
-    /// An empty recorder, shared with the controller under test.
+    /// An empty recorder, to share with the model under test.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
+    fn fired(&self) -> MutexGuard<'_, Vec<u16>> {
+        self.fired.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Every vector signalled so far, in order.
     pub fn vectors(&self) -> Vec<u16> {
-        crate::lock(&self.fired).clone()
+        self.fired().clone()
     }
 
     /// How often `vector` was signalled.
     pub fn count(&self, vector: u16) -> usize {
-        crate::lock(&self.fired)
-            .iter()
-            .filter(|&&v| v == vector)
-            .count()
+        self.fired().iter().filter(|&&v| v == vector).count()
     }
 
-    /// Waits until `vector` fired more than `seen` times.
+    /// How many vectors were signalled, whichever.
+    pub fn total(&self) -> usize {
+        self.fired().len()
+    }
+
+    /// Waits until `vector` fired more than `seen` times; false on
+    /// timeout.
     pub fn wait_for(&self, vector: u16, seen: usize, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut fired = crate::lock(&self.fired);
+        let mut fired = self.fired();
         loop {
             if fired.iter().filter(|&&v| v == vector).count() > seen {
                 return true;
@@ -57,7 +61,7 @@ impl RecordingInterrupts {
 
 impl Interrupts for RecordingInterrupts {
     fn notify(&self, vector: u16) {
-        crate::lock(&self.fired).push(vector);
+        self.fired().push(vector);
         self.cond.notify_all();
     }
 }

@@ -1,0 +1,86 @@
+//! The wiring every server binary shares, after it has built its PCI
+//! function: peer registry (exports and BAR placement), tracer, `--inject`
+//! flags, control socket, the transport, stats, and the shutdown order.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use p2plab_kit::{PlacementHook, ServedDevice};
+use p2plab_pci::PciFunction;
+use p2plab_peer::Export;
+use p2plab_vfio_user::{DmaSpace, Server};
+use tracing::info;
+
+use crate::args::ServerArgs;
+use crate::control::ControlServer;
+use crate::device::{DeviceHandler, DeviceStats};
+use crate::process::Launch;
+
+/// Serves `function` until shutdown. Its DMA goes through `dma` (the
+/// space the function was built on); `injections` are `--inject` specs,
+/// armed before the guest can reach the device.
+///
+/// The order: share the device's peer BAR and follow where it decodes;
+/// point the tracer at its file; arm the injections; open the control
+/// socket; start the stats file; serve. Then, once the transport
+/// returns: the model's shutdown step, drop the model (its engines stop),
+/// close the peers (they drop their windows on our BAR), and write the
+/// final stats.
+pub fn serve_device<M: ServedDevice>(
+    args: &ServerArgs,
+    launch: Launch<'_>,
+    dma: DmaSpace,
+    mut function: PciFunction<M>,
+    injections: &[String],
+) -> Result<()> {
+    let name = launch.process_name();
+    let control = function.model().control();
+    let exports: Vec<Export> = function
+        .model()
+        .peer_bar()
+        .map_err(|e| anyhow!("cannot share the peer BAR's memory: {e}"))?
+        .map(|bar| Export {
+            bar: bar.bar,
+            fd: bar.fd,
+            size: bar.size,
+        })
+        .into_iter()
+        .collect();
+    let peers = args.start_peers(&dma, exports)?;
+    if let (Some(peers), Some(bar)) = (&peers, M::PEER_BAR) {
+        let peers = Arc::clone(peers);
+        function
+            .model_mut()
+            .on_peer_bar_placement(PlacementHook::new(move |addr| {
+                peers.set_placement(bar, addr)
+            }));
+    }
+    args.configure_tracer(control.tracer())?;
+    for spec in injections {
+        control
+            .inject(spec)
+            .map_err(|e| anyhow!("--inject {spec}: {e}"))?;
+    }
+    let stats = Arc::new(DeviceStats::new(
+        Arc::clone(&control),
+        dma.clone(),
+        peers.clone(),
+        M::PEER_BAR,
+    ));
+    let control_path = args.control_path();
+    let _control = ControlServer::start(&control_path, Arc::new(DeviceHandler(Arc::clone(&stats))))
+        .map_err(|e| anyhow!("--control-socket {}: {e}", control_path.display()))?;
+
+    let server = Server::new(args.server_config(), dma)?;
+    let running = launch.start(&server, Arc::new(move || stats.json()))?;
+    let result = server.run(&mut function);
+    function.model().stopping();
+    drop(function);
+    if let Some(peers) = &peers {
+        peers.close();
+    }
+    let json = running.finish();
+    info!(stats = %json, "{name} exiting");
+    result?;
+    Ok(())
+}
