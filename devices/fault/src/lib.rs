@@ -14,14 +14,21 @@
 //!   delays or corrupts frames on demand (`drop,count=1`, `delay=5ms`,
 //!   `corrupt,prob=0.1`).
 //!
+//! - [`EfaFaultSpec`] and [`EfaInjector`]: the EFA's fabric packets
+//!   (`drop`, `delay=`, `corrupt`, `reorder`), admin command and completion
+//!   errors (`admin-error=5,opcode=9`, `cq-error=12`), `link-down` and
+//!   `drop-irq`.
+//!
 //! The device model applies the [`Decision`]; this crate knows command
 //! fields (queue, opcode, namespace, LBAs), not any device's registers.
 
+mod efa;
 mod gpu;
 mod injector;
 mod nic;
 mod spec;
 
+pub use efa::{EfaAction, EfaFaultSpec, EfaInjector, WireDecision};
 pub use gpu::{GpuAction, GpuDecision, GpuFaultSpec, GpuInjector};
 pub use injector::{Armed, ArmedReport, BadBlocks, BadRangeReport, Decision, Injector, PeerEffect};
 pub use nic::{NicAction, NicDecision, NicFaultSpec, NicInjector};
