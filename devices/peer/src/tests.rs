@@ -1,9 +1,11 @@
 //! Two registries in one process over a temp folder, without QEMU.
 
 use super::*;
-use p2plab_vfio_user::{Access, DmaTarget, LocalMemory, Perms, SharedMemory};
+use p2plab_vfio_user::{Access, DmaError, DmaTarget, LocalMemory, Perms, SharedMemory};
+use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::AtomicUsize;
+use std::sync::Condvar;
 
 const BAR_SIZE: u64 = 2 << 20;
 const PLACE_A: u64 = 0x1_0000_0000;
@@ -27,6 +29,8 @@ fn config(dir: &Path, id: &str) -> PeerConfig {
         id: id.into(),
         ack_timeout: Duration::from_millis(500),
         rescan: Duration::from_millis(20),
+        max_peers: MAX_PEERS,
+        allowed_uids: vec![current_uid()],
     }
 }
 

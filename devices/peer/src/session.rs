@@ -1,0 +1,502 @@
+//! The two ends of one peer connection as state machines, without
+//! sockets: the registry's reader threads feed them the frames and fds
+//! they receive and send what they answer; the `peer_session` fuzz target
+//! feeds them anything.
+//!
+//! - [`UserSession`]: what the connecting server (the user) knows of one
+//!   owner: its placement page, the BARs it shared, the peer windows they
+//!   have in our [`DmaSpace`].
+//! - [`UserLink`]: what the listening server (the owner) knows of one
+//!   user: the placement page it writes for it, the PLACEs it sent and the
+//!   ACKs it got, the user's counter page.
+//!
+//! Both check every frame and every fd; an error ends the connection.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use p2plab_vfio_user::{log_limited, DmaError, DmaSpace, LocalWindowId};
+use tracing::{debug, warn};
+
+use crate::memory::{
+    counter_words, placement_word, verify_shared_fd, PeerMemory, ReadOnlyPage, WritablePage,
+    REVOKED, SLOTS,
+};
+use crate::wire::{Frame, FRAME, MAX_BAR, VERSION};
+use crate::Inbound;
+
+const BARS: usize = MAX_BAR as usize + 1;
+
+/// Why a connection must end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionError {
+    /// The other side sent something we cannot accept: a bad frame, a
+    /// frame out of order, a wrong number or kind of fds, a counter that
+    /// went backwards.
+    Protocol(String),
+    /// A window could not be moved or removed in time: an access through
+    /// it still ran after the DMA space's timeout (the window is gone
+    /// anyway).
+    Stuck(String),
+    /// We could not set up our side (a page, a mapping).
+    Local(String),
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionError::Protocol(why) => write!(f, "peer protocol violation: {why}"),
+            SessionError::Stuck(why) => write!(f, "peer window stuck: {why}"),
+            SessionError::Local(why) => write!(f, "peer session setup: {why}"),
+        }
+    }
+}
+
+fn protocol(why: impl Into<String>) -> SessionError {
+    SessionError::Protocol(why.into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn exactly_one_fd(fds: Vec<OwnedFd>, what: &str) -> Result<OwnedFd, SessionError> {
+    let count = fds.len();
+    let [fd]: [OwnedFd; 1] = fds
+        .try_into()
+        .map_err(|_| protocol(format!("{what} needs exactly 1 fd, got {count}")))?;
+    Ok(fd)
+}
+
+fn no_fds(fds: &[OwnedFd], what: &str) -> Result<(), SessionError> {
+    if fds.is_empty() {
+        Ok(())
+    } else {
+        Err(protocol(format!("{} fds with {what}", fds.len())))
+    }
+}
+
+/// A frame to send back, with the fd that rides along.
+#[derive(Debug)]
+pub struct Reply {
+    /// The frame.
+    pub frame: Frame,
+    /// Its fd (COUNTERS carries our counter page).
+    pub fd: Option<OwnedFd>,
+}
+
+// ----- user side -----
+
+/// One BAR of an owner, as its user sees it.
+struct PeerBar {
+    memory: Arc<PeerMemory>,
+    size: u64,
+    slot: u64,
+    window: Option<LocalWindowId>,
+    /// The last PLACE applied (sequence numbers only grow).
+    last_seq: u64,
+}
+
+/// The user's side of one connection: what it knows of one owner.
+/// Dropping it (or [`close`](Self::close)) removes every window it placed.
+pub struct UserSession {
+    dma: DmaSpace,
+    placements: Option<Arc<ReadOnlyPage>>,
+    counters: Option<Arc<WritablePage>>,
+    bars: HashMap<u32, PeerBar>,
+}
+
+impl std::fmt::Debug for UserSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserSession")
+            .field("hello", &self.placements.is_some())
+            .field("bars", &self.bars.len())
+            .finish()
+    }
+}
+
+impl UserSession {
+    /// A session placing the owner's BARs in `dma`.
+    pub fn new(dma: DmaSpace) -> Self {
+        Self {
+            dma,
+            placements: None,
+            counters: None,
+            bars: HashMap::new(),
+        }
+    }
+
+    /// Handles one frame from the owner and the fds that came with it;
+    /// returns what to answer. An error ends the connection (then call
+    /// [`close`](Self::close), or drop the session).
+    pub fn on_bytes(
+        &mut self,
+        bytes: &[u8; FRAME],
+        fds: Vec<OwnedFd>,
+    ) -> Result<Option<Reply>, SessionError> {
+        let frame = Frame::decode(bytes).map_err(|e| protocol(e.0))?;
+        match frame {
+            Frame::Hello { version } => self.hello(version, fds).map(Some),
+            Frame::Bar { bar, size, slot } => {
+                self.add_bar(bar, size, slot, fds)?;
+                Ok(None)
+            }
+            Frame::Place { bar, seq, addr } => {
+                no_fds(&fds, "a PLACE")?;
+                self.place(bar, seq, addr)?;
+                Ok(Some(Reply {
+                    frame: Frame::Ack { bar, seq },
+                    fd: None,
+                }))
+            }
+            Frame::Ack { .. } | Frame::Counters { .. } => {
+                Err(protocol(format!("a user's frame from an owner: {frame:?}")))
+            }
+        }
+    }
+
+    fn hello(&mut self, version: u64, fds: Vec<OwnedFd>) -> Result<Reply, SessionError> {
+        if self.placements.is_some() {
+            return Err(protocol("a second HELLO"));
+        }
+        if version != VERSION {
+            return Err(protocol(format!(
+                "protocol version {version}, ours is {VERSION} (servers of another p2plab build?)"
+            )));
+        }
+        let page = ReadOnlyPage::from_received(exactly_one_fd(fds, "HELLO")?)
+            .map_err(|why| protocol(format!("placement page: {why}")))?;
+        let counters = WritablePage::create(c"p2plab-peer-counters")
+            .map_err(|e| SessionError::Local(format!("counter page: {e}")))?;
+        let fd = counters
+            .fd()
+            .try_clone()
+            .map_err(|e| SessionError::Local(format!("counter page: {e}")))?;
+        self.placements = Some(Arc::new(page));
+        self.counters = Some(Arc::new(counters));
+        Ok(Reply {
+            frame: Frame::Counters { version: VERSION },
+            fd: Some(fd),
+        })
+    }
+
+    fn add_bar(
+        &mut self,
+        bar: u32,
+        size: u64,
+        slot: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), SessionError> {
+        let (Some(placements), Some(counters)) = (&self.placements, &self.counters) else {
+            return Err(protocol("a BAR before HELLO"));
+        };
+        let memory = exactly_one_fd(fds, "a BAR")?;
+        if size == 0 || self.bars.contains_key(&bar) || slot >= SLOTS {
+            return Err(protocol(format!(
+                "BAR {bar}: empty, announced twice or slot {slot} out of range"
+            )));
+        }
+        if self.bars.values().any(|b| b.slot == slot) {
+            return Err(protocol(format!("BAR {bar}: slot {slot} already taken")));
+        }
+        verify_shared_fd(&memory, size).map_err(|why| protocol(format!("BAR {bar}: {why}")))?;
+        let memory = PeerMemory::new(
+            memory,
+            size,
+            Arc::clone(counters),
+            Arc::clone(placements),
+            slot,
+        )
+        .map_err(|e| protocol(format!("BAR {bar}: {e}")))?;
+        self.bars.insert(
+            bar,
+            PeerBar {
+                memory: Arc::new(memory),
+                size,
+                slot,
+                window: None,
+                last_seq: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Applies a placement; returns once no access runs through the old
+    /// one. A placement we cannot take (overlap with another window or
+    /// guest RAM) leaves no window: DMA there takes the message path.
+    fn place(&mut self, bar: u32, seq: u64, addr: Option<u64>) -> Result<(), SessionError> {
+        let b = self
+            .bars
+            .get_mut(&bar)
+            .ok_or_else(|| protocol(format!("PLACE for unknown BAR {bar}")))?;
+        if seq <= b.last_seq || seq == REVOKED {
+            return Err(protocol(format!(
+                "BAR {bar}: PLACE {seq} after PLACE {}",
+                b.last_seq
+            )));
+        }
+        if let Some(a) = addr {
+            if a.checked_add(b.size).is_none() {
+                return Err(protocol(format!(
+                    "BAR {bar} at {a:#x} wraps the address space"
+                )));
+            }
+        }
+        b.last_seq = seq;
+        let stuck = |e: DmaError| SessionError::Stuck(format!("BAR {bar}: {e}"));
+        let dma = &self.dma;
+        match (b.window, addr) {
+            (Some(id), Some(a)) if dma.peer_window(id).is_some_and(|(gpa, _)| gpa == a) => {}
+            (Some(id), Some(a)) => match dma.move_peer_window(id, a) {
+                Ok(()) => {}
+                Err(DmaError::UnknownWindow) => {
+                    // Guest RAM mapped over it took it away: place anew.
+                    b.window = add_window(dma, bar, a, b);
+                }
+                Err(e @ DmaError::StillInUse { .. }) => {
+                    b.window = None;
+                    return Err(stuck(e));
+                }
+                Err(e) => {
+                    warn!(bar, addr = a, "peer window refused: {e}");
+                    b.window = None;
+                }
+            },
+            (None, Some(a)) => b.window = add_window(dma, bar, a, b),
+            (Some(id), None) => {
+                b.window = None;
+                dma.remove_peer_window(id).map_err(stuck)?;
+            }
+            (None, None) => {}
+        }
+        // Only now, with the window where PLACE `seq` says: accesses
+        // through it are served (before, they took the path below it).
+        b.memory.set_applied(seq);
+        debug!(bar, ?addr, seq, "peer BAR placed");
+        Ok(())
+    }
+
+    /// Removes every window this session placed (the connection ended).
+    pub fn close(&mut self) {
+        for b in self.bars.values_mut() {
+            if let Some(id) = b.window.take() {
+                if let Err(e) = self.dma.remove_peer_window(id) {
+                    warn!("peer window removal: {e}");
+                }
+            }
+        }
+    }
+
+    /// Windows this session has placed right now.
+    pub fn windows(&self) -> usize {
+        self.bars.values().filter(|b| b.window.is_some()).count()
+    }
+}
+
+fn add_window(dma: &DmaSpace, bar: u32, addr: u64, b: &PeerBar) -> Option<LocalWindowId> {
+    let memory: Arc<dyn p2plab_vfio_user::LocalMemory> = b.memory.clone();
+    match dma.add_peer_window(addr, b.size, memory, 0) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            warn!(bar, addr, "peer window refused: {e}");
+            None
+        }
+    }
+}
+
+impl Drop for UserSession {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+// ----- owner side -----
+
+#[derive(Default)]
+struct LinkState {
+    /// Highest PLACE sequence sent, per BAR index.
+    sent: [u64; BARS],
+    /// Highest PLACE sequence acknowledged, per BAR index.
+    acked: [u64; BARS],
+    /// The user's counter page, once COUNTERS came.
+    counters: Option<ReadOnlyPage>,
+    /// Per slot, the counts last read and found plausible.
+    seen: [Inbound; SLOTS as usize],
+    /// A counter went backwards: the page is not read any more.
+    lied: bool,
+}
+
+/// The owner's side of one connection: what it knows of one user.
+pub struct UserLink {
+    placements: WritablePage,
+    state: Mutex<LinkState>,
+    changed: Condvar,
+    dead: AtomicBool,
+}
+
+impl std::fmt::Debug for UserLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserLink")
+            .field("dead", &self.is_dead())
+            .finish()
+    }
+}
+
+impl UserLink {
+    /// A link with a fresh placement page (every slot 0: nothing placed).
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            placements: WritablePage::create(c"p2plab-peer-placements")?,
+            state: Mutex::new(LinkState::default()),
+            changed: Condvar::new(),
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// The first frame to send, with [`placement_fd`](Self::placement_fd).
+    pub fn hello(&self) -> Frame {
+        Frame::Hello { version: VERSION }
+    }
+
+    /// The placement page, to send with HELLO.
+    pub fn placement_fd(&self) -> &OwnedFd {
+        self.placements.fd()
+    }
+
+    /// BAR `bar` (slot `slot`) is about to get PLACE `seq`: from now on
+    /// the user's window for an older placement serves no new access.
+    /// Call before sending the PLACE. Does nothing once the link is cut.
+    pub fn publish(&self, bar: u32, slot: u64, seq: u64) {
+        let mut state = lock(&self.state);
+        if self.is_dead() {
+            return;
+        }
+        if let Some(sent) = state.sent.get_mut(bar as usize) {
+            *sent = (*sent).max(seq);
+        }
+        self.placements.store(placement_word(slot), seq);
+    }
+
+    /// Handles one frame from the user and the fds that came with it. An
+    /// error ends the connection.
+    pub fn on_bytes(&self, bytes: &[u8; FRAME], fds: Vec<OwnedFd>) -> Result<(), SessionError> {
+        let frame = Frame::decode(bytes).map_err(|e| protocol(e.0))?;
+        match frame {
+            Frame::Ack { bar, seq } => {
+                no_fds(&fds, "an ACK")?;
+                let mut state = lock(&self.state);
+                let sent = state.sent.get(bar as usize).copied().unwrap_or(0);
+                if seq == 0 || seq > sent {
+                    return Err(protocol(format!(
+                        "ACK {seq} of BAR {bar}, whose last PLACE was {sent}"
+                    )));
+                }
+                if let Some(acked) = state.acked.get_mut(bar as usize) {
+                    *acked = (*acked).max(seq);
+                }
+                drop(state);
+                self.changed.notify_all();
+                Ok(())
+            }
+            Frame::Counters { version } => {
+                if version != VERSION {
+                    return Err(protocol(format!(
+                        "protocol version {version}, ours is {VERSION}"
+                    )));
+                }
+                let fd = exactly_one_fd(fds, "COUNTERS")?;
+                let mut state = lock(&self.state);
+                if state.counters.is_some() {
+                    return Err(protocol("a second COUNTERS"));
+                }
+                let page = ReadOnlyPage::from_received(fd)
+                    .map_err(|why| protocol(format!("counter page: {why}")))?;
+                state.counters = Some(page);
+                Ok(())
+            }
+            Frame::Bar { .. } | Frame::Place { .. } | Frame::Hello { .. } => {
+                Err(protocol(format!("an owner's frame from a user: {frame:?}")))
+            }
+        }
+    }
+
+    /// Waits for the ACK of PLACE `seq` of `bar` until `deadline`; false
+    /// if the link was cut or the user was too slow.
+    pub fn wait_ack(&self, bar: u32, seq: u64, deadline: Instant) -> bool {
+        let mut state = lock(&self.state);
+        loop {
+            if state.acked.get(bar as usize).is_some_and(|&a| a >= seq) {
+                return true;
+            }
+            let now = Instant::now();
+            if self.is_dead() || now >= deadline {
+                return false;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// What the user counted for `slot`, as far as it is plausible: the
+    /// counts only grow, so one that went backwards cuts the user off and
+    /// its last plausible counts stay. Never panics, whatever the page
+    /// holds.
+    pub fn counts(&self, slot: u64) -> Inbound {
+        let mut state = lock(&self.state);
+        let Some(index) = usize::try_from(slot).ok().filter(|&i| i < SLOTS as usize) else {
+            return Inbound::default();
+        };
+        let seen = state.seen[index];
+        if state.lied {
+            return seen;
+        }
+        let (w, r) = counter_words(slot);
+        let Some(now) = state.counters.as_ref().map(|page| Inbound {
+            written: page.load(w),
+            read: page.load(r),
+        }) else {
+            return seen;
+        };
+        if now.written < seen.written || now.read < seen.read {
+            state.lied = true;
+            self.revoke_locked();
+            log_limited!(
+                warn,
+                slot,
+                before = ?seen,
+                now = ?now,
+                "a peer user's byte counts went backwards: cut off"
+            );
+            return seen;
+        }
+        state.seen[index] = now;
+        now
+    }
+
+    /// Cuts the user off: every placement in its page becomes
+    /// [`REVOKED`], so none of its windows serves a new access, and
+    /// waiters for its ACKs return.
+    pub fn revoke(&self) {
+        let _state = lock(&self.state);
+        self.revoke_locked();
+    }
+
+    fn revoke_locked(&self) {
+        self.dead.store(true, Ordering::Release);
+        for slot in 0..SLOTS {
+            self.placements.store(placement_word(slot), REVOKED);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Whether the link was cut (revoked, or the user lied).
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+}
