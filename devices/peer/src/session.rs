@@ -325,7 +325,8 @@ struct LinkState {
     counters: Option<ReadOnlyPage>,
     /// Per slot, the counts last read and found plausible.
     seen: [Inbound; SLOTS as usize],
-    /// A counter went backwards: the page is not read any more.
+    /// A counter went backwards: the page is not read any more and the
+    /// user's counts are worth nothing.
     lied: bool,
 }
 
@@ -445,17 +446,17 @@ impl UserLink {
 
     /// What the user counted for `slot`, as far as it is plausible: the
     /// counts only grow, so one that went backwards cuts the user off and
-    /// its last plausible counts stay. Never panics, whatever the page
-    /// holds.
+    /// all its counts are dropped (none of them can be believed). Never
+    /// panics, whatever the page holds.
     pub fn counts(&self, slot: u64) -> Inbound {
         let mut state = lock(&self.state);
         let Some(index) = usize::try_from(slot).ok().filter(|&i| i < SLOTS as usize) else {
             return Inbound::default();
         };
-        let seen = state.seen[index];
         if state.lied {
-            return seen;
+            return Inbound::default();
         }
+        let seen = state.seen[index];
         let (w, r) = counter_words(slot);
         let Some(now) = state.counters.as_ref().map(|page| Inbound {
             written: page.load(w),
@@ -471,9 +472,9 @@ impl UserLink {
                 slot,
                 before = ?seen,
                 now = ?now,
-                "a peer user's byte counts went backwards: cut off"
+                "a peer user's byte counts went backwards: cut off, its counts dropped"
             );
-            return seen;
+            return Inbound::default();
         }
         state.seen[index] = now;
         now
