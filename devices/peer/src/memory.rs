@@ -139,7 +139,7 @@ pub fn sealed_memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
+pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     // SAFETY: memfd_create with a valid NUL-terminated name; returns a new
     // fd or -1.
     let raw =
@@ -157,7 +157,7 @@ fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn add_seals(fd: &OwnedFd, seals: i32) -> io::Result<()> {
+pub(crate) fn add_seals(fd: &OwnedFd, seals: i32) -> io::Result<()> {
     // SAFETY: F_ADD_SEALS on our own memfd made with MFD_ALLOW_SEALING.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(os_error("F_ADD_SEALS"));

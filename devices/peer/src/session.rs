@@ -501,3 +501,271 @@ impl UserLink {
         self.dead.load(Ordering::Acquire)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{add_seals, memfd, PAGE};
+    use p2plab_vfio_user::record::{seal, FdSpec, FdSpecKind};
+    use std::os::fd::AsRawFd;
+
+    fn spec(kind: FdSpecKind, pages: u32, flags: u8) -> OwnedFd {
+        FdSpec {
+            kind,
+            arg: pages,
+            flags,
+        }
+        .create()
+        .unwrap()
+    }
+
+    /// A memfd of `size` bytes with exactly `seals`.
+    fn sealed(size: u64, seals: i32) -> OwnedFd {
+        let fd = memfd(c"test", size).unwrap();
+        if seals != 0 {
+            add_seals(&fd, seals).unwrap();
+        }
+        fd
+    }
+
+    fn reopened_read_only(fd: &OwnedFd) -> OwnedFd {
+        std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap()
+            .into()
+    }
+
+    fn is_protocol(r: Result<Option<Reply>, SessionError>) -> bool {
+        matches!(r, Err(SessionError::Protocol(_)))
+    }
+
+    fn hello() -> [u8; FRAME] {
+        Frame::Hello { version: VERSION }.encode()
+    }
+
+    fn good_page() -> OwnedFd {
+        WritablePage::create(c"page")
+            .unwrap()
+            .fd()
+            .try_clone()
+            .unwrap()
+    }
+
+    /// A session that took a good HELLO.
+    fn greeted(dma: &DmaSpace) -> UserSession {
+        let mut s = UserSession::new(dma.clone());
+        let reply = s.on_bytes(&hello(), vec![good_page()]).unwrap().unwrap();
+        assert_eq!(reply.frame, Frame::Counters { version: VERSION });
+        let counters = reply.fd.expect("the counter page rides along");
+        // SAFETY: F_GET_SEALS only reads the fd's state.
+        let seals = unsafe { libc::fcntl(counters.as_raw_fd(), libc::F_GET_SEALS) };
+        assert_eq!(
+            seals & crate::memory::PAGE_SEALS,
+            crate::memory::PAGE_SEALS,
+            "our counter page is sealed against the owner's writes"
+        );
+        s
+    }
+
+    fn bar(size: u64, slot: u64) -> [u8; FRAME] {
+        Frame::Bar { bar: 2, size, slot }.encode()
+    }
+
+    /// Catches a user that accepts, or crashes on, a HELLO or BAR whose fd
+    /// is of the wrong kind (pipe, eventfd, socket, file, /dev/null), the
+    /// wrong size, missing a seal (a placement page its owner's peers could
+    /// write, memory that could shrink under a mapping), opened read-only,
+    /// missing or doubled; and one that takes frames out of order.
+    #[test]
+    fn the_user_checks_every_fd_and_frame_it_gets() {
+        let dma = DmaSpace::new();
+        let page_seals = crate::memory::PAGE_SEALS;
+        let bad_pages: Vec<(&str, Vec<OwnedFd>)> = vec![
+            ("no fd", vec![]),
+            ("two fds", vec![good_page(), good_page()]),
+            ("a pipe", vec![spec(FdSpecKind::PipeRead, 0, 0)]),
+            ("an eventfd", vec![spec(FdSpecKind::EventFd, 0, 0)]),
+            ("a socket", vec![spec(FdSpecKind::Socket, 0, 0)]),
+            ("/dev/null", vec![spec(FdSpecKind::DevNull, 0, 0)]),
+            ("a file", vec![spec(FdSpecKind::File, 1, 0)]),
+            ("an unsealed memfd", vec![sealed(PAGE as u64, 0)]),
+            (
+                "a page others may write",
+                vec![sealed(PAGE as u64, crate::memory::REQUIRED_SEALS)],
+            ),
+            ("two pages", vec![sealed(2 * PAGE as u64, page_seals)]),
+            ("an empty page", vec![sealed(0, page_seals)]),
+        ];
+        for (what, fds) in bad_pages {
+            let mut s = UserSession::new(dma.clone());
+            assert!(is_protocol(s.on_bytes(&hello(), fds)), "HELLO with {what}");
+        }
+        let mut s = UserSession::new(dma.clone());
+        let old = Frame::Hello { version: 1 }.encode();
+        assert!(is_protocol(s.on_bytes(&old, vec![good_page()])), "version");
+        let mut s = UserSession::new(dma.clone());
+        let memory = sealed(4096, crate::memory::REQUIRED_SEALS);
+        assert!(
+            is_protocol(s.on_bytes(&bar(4096, 0), vec![memory])),
+            "BAR before HELLO"
+        );
+        let mut s = greeted(&dma);
+        assert!(
+            is_protocol(s.on_bytes(&hello(), vec![good_page()])),
+            "HELLO twice"
+        );
+
+        let required = crate::memory::REQUIRED_SEALS;
+        let good = sealed(8192, required);
+        let bad_bars: Vec<(&str, Vec<OwnedFd>)> = vec![
+            ("no fd", vec![]),
+            (
+                "two fds",
+                vec![sealed(8192, required), sealed(8192, required)],
+            ),
+            ("a pipe", vec![spec(FdSpecKind::PipeWrite, 0, 0)]),
+            ("a file", vec![spec(FdSpecKind::File, 2, 0)]),
+            (
+                "memory that may shrink",
+                vec![sealed(8192, libc::F_SEAL_GROW)],
+            ),
+            (
+                "memory that may grow",
+                vec![spec(FdSpecKind::Memfd, 2, seal::SHRINK)],
+            ),
+            ("too little memory", vec![sealed(4096, required)]),
+            ("read-only memory", vec![reopened_read_only(&good)]),
+            ("a write-sealed page", vec![sealed(8192, page_seals)]),
+        ];
+        for (what, fds) in bad_bars {
+            let mut s = greeted(&dma);
+            assert!(
+                is_protocol(s.on_bytes(&bar(8192, 0), fds)),
+                "BAR with {what}"
+            );
+        }
+        let mut s = greeted(&dma);
+        assert!(
+            is_protocol(s.on_bytes(&bar(0, 0), vec![sealed(4096, required)])),
+            "empty"
+        );
+        assert!(
+            is_protocol(s.on_bytes(&bar(4096, 6), vec![sealed(4096, required)])),
+            "slot 6"
+        );
+        assert_eq!(
+            s.on_bytes(&bar(8192, 1), vec![good])
+                .unwrap()
+                .map(|r| r.frame),
+            None
+        );
+        let other = Frame::Bar {
+            bar: 4,
+            size: 4096,
+            slot: 1,
+        }
+        .encode();
+        assert!(
+            is_protocol(s.on_bytes(&other, vec![sealed(4096, required)])),
+            "slot taken"
+        );
+
+        let place = |seq| {
+            Frame::Place {
+                bar: 2,
+                seq,
+                addr: Some(0x1000_0000),
+            }
+            .encode()
+        };
+        let mut s2 = greeted(&dma);
+        assert!(
+            is_protocol(s2.on_bytes(&place(1), vec![])),
+            "PLACE of an unknown BAR"
+        );
+        assert!(
+            is_protocol(s.on_bytes(&place(1), vec![good_page()])),
+            "PLACE with an fd"
+        );
+        let mut s = greeted(&dma);
+        s.on_bytes(&bar(8192, 1), vec![sealed(8192, required)])
+            .unwrap();
+        let ack = s.on_bytes(&place(5), vec![]).unwrap().unwrap();
+        assert_eq!(ack.frame, Frame::Ack { bar: 2, seq: 5 });
+        assert_eq!(dma.peer_windows(), vec![(0x1000_0000, 8192)]);
+        assert!(
+            is_protocol(s.on_bytes(&place(5), vec![])),
+            "a PLACE not newer"
+        );
+        let wraps = Frame::Place {
+            bar: 2,
+            seq: 9,
+            addr: Some(u64::MAX - 4096),
+        }
+        .encode();
+        assert!(
+            is_protocol(s.on_bytes(&wraps, vec![])),
+            "wrapping placement"
+        );
+        let from_user = Frame::Ack { bar: 2, seq: 1 }.encode();
+        assert!(
+            is_protocol(s.on_bytes(&from_user, vec![])),
+            "an ACK from an owner"
+        );
+        drop(s);
+        assert_eq!(
+            dma.peer_windows(),
+            vec![],
+            "the session took its window along"
+        );
+    }
+
+    /// Catches an owner that accepts a user's counter page of the wrong
+    /// kind, size or seals, a second one, an ACK of a placement it never
+    /// sent (a user acknowledging ahead would make the owner skip the
+    /// wait for running accesses), or an owner's frame from a user.
+    #[test]
+    fn the_owner_checks_every_fd_and_frame_it_gets() {
+        let counters = |fds| {
+            UserLink::new()
+                .unwrap()
+                .on_bytes(&Frame::Counters { version: VERSION }.encode(), fds)
+        };
+        let page_seals = crate::memory::PAGE_SEALS;
+        for (what, fds) in [
+            ("no fd", vec![]),
+            ("two fds", vec![good_page(), good_page()]),
+            ("a pipe", vec![spec(FdSpecKind::PipeRead, 0, 0)]),
+            ("a socket", vec![spec(FdSpecKind::Socket, 0, 0)]),
+            ("an unsealed memfd", vec![sealed(PAGE as u64, 0)]),
+            ("a short page", vec![sealed(16, page_seals)]),
+        ] {
+            assert!(
+                matches!(counters(fds), Err(SessionError::Protocol(_))),
+                "COUNTERS with {what}"
+            );
+        }
+        let link = UserLink::new().unwrap();
+        let frame = Frame::Counters { version: VERSION }.encode();
+        link.on_bytes(&frame, vec![good_page()]).unwrap();
+        assert!(link.on_bytes(&frame, vec![good_page()]).is_err(), "twice");
+        let ack = |seq| Frame::Ack { bar: 2, seq }.encode();
+        assert!(
+            link.on_bytes(&ack(1), vec![]).is_err(),
+            "nothing was placed"
+        );
+        link.publish(2, 0, 3);
+        assert!(
+            link.on_bytes(&ack(4), vec![]).is_err(),
+            "ahead of the PLACE"
+        );
+        assert!(link.on_bytes(&ack(3), vec![good_page()]).is_err(), "an fd");
+        link.on_bytes(&ack(3), vec![]).unwrap();
+        assert!(link.wait_ack(2, 3, Instant::now()));
+        let hello = Frame::Hello { version: VERSION }.encode();
+        assert!(link.on_bytes(&hello, vec![good_page()]).is_err());
+        assert!(!link.is_dead(), "the registry cuts it off on an error");
+        link.revoke();
+        assert!(link.is_dead());
+        assert!(!link.wait_ack(2, 4, Instant::now() + std::time::Duration::from_secs(5)));
+    }
+}
