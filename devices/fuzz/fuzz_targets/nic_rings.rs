@@ -133,8 +133,12 @@ fuzz_target!(|data: &[u8]| {
             5 => nic.set_bus_master(op & 0x10 != 0),
             6 => nic.reset(),
             _ => {
-                let spec = ["drop,count=1", "corrupt,count=1", "delay=1ms,count=1", "drop-irq"]
-                    [usize::from(op >> 4) % 4];
+                let spec = [
+                    "drop,count=1",
+                    "corrupt,count=1",
+                    "delay=1ms,count=1",
+                    "drop-irq",
+                ][usize::from(op >> 4) % 4];
                 if let Ok(spec) = spec.parse() {
                     nic.control().inject(spec);
                 }

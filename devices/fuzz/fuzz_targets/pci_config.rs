@@ -92,7 +92,8 @@ fn check(f: &PciFunction<Regs>) {
     assert_eq!(config.vendor_id(), 0x1b36, "vendor ID is read-only");
     assert_eq!(config.device_id(), 0x00fe, "device ID is read-only");
     for bar in [0usize, 2, 4, 5] {
-        if let (Some(size), Some(address)) = (config.bar_size(bar), config.bar_programmed_address(bar))
+        if let (Some(size), Some(address)) =
+            (config.bar_size(bar), config.bar_programmed_address(bar))
         {
             assert_eq!(
                 address & (size - 1),

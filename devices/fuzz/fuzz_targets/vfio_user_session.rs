@@ -21,9 +21,7 @@ use p2plab_pci::{
     BarBacking, BarSpec, ConfigSpaceBuilder, InterruptController, MsixCapSpec, PciFunction,
     PciModel,
 };
-use p2plab_vfio_user::{
-    record, Access, DeviceError, DmaSpace, Server, ServerConfig, SharedMemory,
-};
+use p2plab_vfio_user::{record, Access, DeviceError, DmaSpace, Server, ServerConfig, SharedMemory};
 
 const REGS: u64 = 0x1000;
 const BAR2: u64 = 64 << 10;
@@ -190,7 +188,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = client.shutdown(std::net::Shutdown::Both);
     drain.join().expect("drain");
     assert_eq!(dma.mapping_count(), 0, "DMA ranges outlived the session");
-    assert!(!function.irq().msix_enabled(), "the disconnect reset the device");
+    assert!(
+        !function.irq().msix_enabled(),
+        "the disconnect reset the device"
+    );
     drop(function);
     drop(client);
     drop(dma);
