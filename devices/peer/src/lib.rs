@@ -446,6 +446,7 @@ impl PeerRegistry {
     /// have ended), or after [`PeerConfig::ack_timeout`] at the latest,
     /// cutting off the users that did not answer.
     pub fn set_placement(&self, bar: u8, addr: Option<u64>) {
+        let started = Instant::now();
         let mut owner = lock(&self.shared.owner);
         let Some(index) = owner.bars.iter().position(|b| b.bar == u32::from(bar)) else {
             return;
@@ -492,6 +493,7 @@ impl PeerRegistry {
             bar,
             ?addr,
             users = owner.conns.len(),
+            took_us = started.elapsed().as_micros() as u64,
             "BAR placement pushed to peers"
         );
     }
