@@ -19,18 +19,7 @@ mod common;
 use std::os::unix::fs::FileTypeExt;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{Lab, LabOptions, Mode};
-
-const SCRIPT: &str = r#"set -u
-echo "QUOTES=it's \"quoted\" $((6 * 7))"
-cat /mnt/host/from-host.txt
-echo "written in the guest" > /mnt/host/from-guest.txt
-grep -o 'p2plab.test=[a-z]*' /proc/cmdline | sed 's/^/CMDLINE=/'
-# A complaint in the kernel log, declared below: the clean-boot check must
-# find it exactly once (it fails on a missing log copy or a miscount).
-echo '<4>WARNING: p2plab launcher test' > /dev/kmsg
-exit 7
-"#;
+use p2plab_lab::{GuestScript, Lab, LabOptions, Mode};
 
 #[test]
 fn exec_share_append_status_and_clean_up() {
@@ -38,7 +27,8 @@ fn exec_share_append_status_and_clean_up() {
     std::fs::create_dir_all(&share).unwrap();
     std::fs::write(share.join("from-host.txt"), "SHARED=yes\n").unwrap();
 
-    let mut options = LabOptions::new("lab", Mode::Exec(SCRIPT.to_owned()));
+    let script = GuestScript::new("launcher.sh", include_str!("../guest/launcher.sh"));
+    let mut options = LabOptions::exec("lab", &script).expect("the guest script");
     options.share = Some(share.clone());
     options.append = vec!["p2plab.test=works".to_owned()];
     options.timeout = Some(common::BOOT_TIMEOUT);

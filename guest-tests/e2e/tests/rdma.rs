@@ -95,6 +95,7 @@
 mod common;
 
 use common::{counter, run_guest, shared_boot_script, stats, Boot, GuestRun};
+use p2plab_lab::GuestScript;
 
 const SIZE: u64 = 8 << 20;
 const POST: u64 = 256 << 10;
@@ -112,186 +113,26 @@ const MAP_TYPE_BUS_ADDR: &str = "3";
 const ENOLINK: &str = "67";
 /// E2BIG.
 const E2BIG: &str = "7";
-/// The named peers of the peer-memory checks: the NVMe controller, and
-/// nic0 found through its driver (QEMU's default e1000e is a NIC too).
-const NVME_PEER: &str = "$(by_class 0x010802 | head -n1)";
-const NIC0_PEER: &str = r#"$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic0/device)")"#;
-
-const SCRIPT: &str = r#"
-set -u
-say() { echo "$1=$2"; }
-# facts PREFIX: the tool's key=value lines as PREFIX_KEY=value facts.
-facts() { while IFS== read -r k v; do echo "$1_$(echo "$k" | tr a-z A-Z)=$v"; done; }
-
-say NIC_DEVICES "$(ls /dev | grep -c '^p2plab-nic[0-9]')"
-i=0
-until p2plab-nic-tool info /dev/p2plab-nic0 | grep -qx link_up=1 &&
-      p2plab-nic-tool info /dev/p2plab-nic1 | grep -qx link_up=1; do
-  sleep 0.2; i=$((i+1)); [ $i -lt 150 ] || break
-done
-p2plab-nic-tool info /dev/p2plab-nic0 | facts INFO0
-p2plab-nic-tool info /dev/p2plab-nic1 | facts INFO1
-
-# --- 1. RAM to RAM over the wire ---------------------------------------------
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size @SIZE@ --post @POST@ --seed 7 > /tmp/x1
-say XFER_EXIT $?
-facts XFER < /tmp/x1
-
-# A post of more frames than the ring has descriptors (1024 RAM pages,
-# 256 descriptors) can never fit: E2BIG at once, not a retry forever.
-timeout 60 p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 4M --post 4M > /tmp/xbig 2>/dev/null
-say BIG_EXIT $?
-facts BIG < /tmp/xbig
-
-# --- 2. one corrupted frame ----------------------------------------------------
-p2plab-ctl nic0 inject corrupt,count=1 >/dev/null; say INJECT_EXIT $?
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 1M --post 256K --seed 9 > /tmp/x2
-say CORRUPT_EXIT $?
-facts CORRUPT < /tmp/x2
-
-# --- 3. close with posts outstanding, then a clean transfer --------------------
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 4M --post 256K --abandon > /tmp/x3a
-say ABANDON_EXIT $?
-facts ABANDON < /tmp/x3a
-# Frames of the abandoned transfer still on the wire reach a closed nic1,
-# whose receiver is off: it drops them (polling every 20 ms).
-sleep 1
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --size 1M --post 256K --seed 11 > /tmp/x3
-say AFTER_EXIT $?
-facts AFTER < /tmp/x3
-
-# --- 4. GPU memory -> nic0 -> wire -> nic1 -> GPU memory ----------------------
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
-  --size @GPU_SIZE@ --post @GPU_POST@ --seed 13 > /tmp/g1
-say GPU_EXIT $?
-facts GPU < /tmp/g1
-
-# --- 5. revocation: the destination VRAM is freed with receives outstanding --
-# quiesced N: "DMA quiesced" lines of p2plab-nicN so far.
-quiesced() {
-  bdf=$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic$1/device)")
-  dmesg | grep "$bdf" | grep -c 'revoked by the GPU driver; DMA quiesced'
-}
-base0=$(quiesced 0); base1=$(quiesced 1)
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
-  --size @REVOKE_SIZE@ --post @GPU_POST@ --free-dst-after 2 --seed 17 > /tmp/r1
-say REVOKE_EXIT $?
-facts REVOKE < /tmp/r1
-say REVOKE_LINES_NIC0 $(( $(quiesced 0) - base0 ))
-say REVOKE_LINES_NIC1 $(( $(quiesced 1) - base1 ))
-sleep 1
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
-  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 19 > /tmp/g2
-say GPU_AFTER_EXIT $?
-facts GPU_AFTER < /tmp/g2
-
-# --- 6. the same through dma-buf: exported by the GPU driver, imported by fd --
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
-  --size @DMABUF_SIZE@ --post @GPU_POST@ --seed 23 > /tmp/b1
-say DMABUF_EXIT $?
-facts DMABUF < /tmp/b1
-invalidated() {
-  bdf=$(basename "$(readlink -f /sys/class/p2plab-nic/p2plab-nic$1/device)")
-  dmesg | grep "$bdf" | grep -c 'invalidated by its exporter; DMA quiesced'
-}
-base0=$(invalidated 0); base1=$(invalidated 1)
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
-  --size @REVOKE_SIZE@ --post @GPU_POST@ --free-dst-after 2 --seed 29 > /tmp/b2
-say DMABUF_REVOKE_EXIT $?
-facts DMABUF_REVOKE < /tmp/b2
-say DMABUF_REVOKE_LINES_NIC0 $(( $(invalidated 0) - base0 ))
-say DMABUF_REVOKE_LINES_NIC1 $(( $(invalidated 1) - base1 ))
-sleep 1
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src dmabuf --dst dmabuf \
-  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 31 > /tmp/b3
-say DMABUF_AFTER_EXIT $?
-facts DMABUF_AFTER < /tmp/b3
-
-# --- 7. revocation by unbinding the GPU driver mid-transfer, then rebinding ---
-gpubdf=$(basename "$(readlink -f /sys/class/p2plab-gpu/p2plab-gpu0/device)")
-base0=$(quiesced 0); base1=$(quiesced 1)
-rm -f /tmp/go
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
-  --size @GPU_SIZE@ --post @GPU_POST@ --signal-after 2 /tmp/go --seed 37 > /tmp/u1 &
-pid=$!
-i=0; until [ -e /tmp/go ]; do sleep 0.1; i=$((i+1)); [ $i -lt 1200 ] || break; done
-echo "$gpubdf" > /sys/bus/pci/drivers/p2plab_gpu/unbind; say UNBIND_STATUS $?
-wait $pid; say UNBIND_EXIT $?
-facts UNBIND < /tmp/u1
-say UNBIND_LINES_NIC0 $(( $(quiesced 0) - base0 ))
-say UNBIND_LINES_NIC1 $(( $(quiesced 1) - base1 ))
-echo "$gpubdf" > /sys/bus/pci/drivers/p2plab_gpu/bind; say REBIND_STATUS $?
-sleep 1
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --rx /dev/p2plab-nic1 --src gpu --dst gpu \
-  --size @AFTER_SIZE@ --post @GPU_POST@ --seed 41 > /tmp/u2
-say REBIND_XFER_EXIT $?
-facts REBIND_XFER < /tmp/u2
-
-say KERNEL_COMPLAINTS "$(dmesg | grep -c -E 'BUG:|WARNING:|Oops|Call Trace')"
-dmesg | grep p2plab_nic | tail -n 10
-exit 0
-"#;
-
-const PM_PRELUDE: &str = r#"
-set -u
-by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
-gpu_bdf=$(by_class 0x030200 | head -n1)
-peer_bdf=@PEER_BDF@
-[ -n "$gpu_bdf" ] && [ -n "$peer_bdf" ] || { echo "no GPU or no named peer"; exit 1; }
-modprobe p2plab_p2p_test; echo "MODPROBE_STATUS=$?"
-sed -n 3p /sys/bus/pci/devices/$gpu_bdf/resource | { read start end flags; echo "BAR2_START=$start"; }
-reason='cannot be used for peer-to-peer DMA as the client and provider .* do not share an upstream bridge or whitelisted host bridge'
-"#;
-
-const PM_LAB_SCRIPT: &str = r#"
-# The NIC checks rebound the GPU after their tool exited: it is gpu0 again.
-[ -e /sys/class/p2plab-gpu/p2plab-gpu0 ] || { echo "no p2plab-gpu0: $(ls /sys/class/p2plab-gpu)"; exit 1; }
-sys=/sys/class/p2plab-gpu/p2plab-gpu0
-echo "BASE_P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
-echo "BASE_DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
-p2plab-gpu-tool p2p-scenario $peer_bdf 16M unpin RT; echo "RT_STATUS=$?"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M free FREE; echo "FREE_STATUS=$?"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M exit EXIT; echo "EXIT_STATUS=$?"
-p2plab-gpu-tool p2p-scenario $peer_bdf 2M dmabuf DMABUF; echo "DMABUF_STATUS=$?"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M reset RESET; echo "RESET_STATUS=$?"
-p2plab-gpu-tool nop >/dev/null; echo "RESET_NEXT_NOP=$?"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M dmabuf-reset DBRESET; echo "DBRESET_STATUS=$?"
-echo "P2P_REVOCATIONS=$(cat $sys/p2p_revocations)"
-echo "DMABUF_REVOCATIONS=$(cat $sys/dmabuf_revocations)"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M unbind UNBIND; echo "UNBIND_STATUS=$?"
-echo "REBOUND_DRIVER=$(basename "$(readlink -f /sys/bus/pci/devices/$gpu_bdf/driver)")"
-# The old p2plab-gpu0 is gone with the scenario's process; the rebound GPU
-# is the one left in the class.
-rebound=$(ls /sys/class/p2plab-gpu | head -n1)
-echo "REBOUND_DEVICES=$(ls /sys/class/p2plab-gpu | wc -l)"
-p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "REBOUND_NOP=$?"
-p2plab-gpu-tool -d /dev/$rebound p2p-scenario $peer_bdf 1M dmabuf-unbind DBUNBIND; echo "DBUNBIND_STATUS=$?"
-rebound=$(ls /sys/class/p2plab-gpu | head -n1)
-p2plab-gpu-tool -d /dev/$rebound nop >/dev/null; echo "DBUNBIND_REBOUND_NOP=$?"
-rmmod p2plab_p2p_test; echo "RMMOD_STATUS=$?"
-echo "REFUSAL_DMESG=$(dmesg | grep -c "$reason")"
-exit 0
-"#;
-
-const PM_REFUSAL_SCRIPT: &str = r#"
-dmesg -C
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M unpin RT; echo "RT_STATUS=$?"
-echo "RT_DMESG=$(dmesg | grep -c "$reason")"
-p2plab-gpu-tool p2p-scenario $peer_bdf 1M dmabuf DMABUF; echo "DMABUF_STATUS=$?"
-echo "ALL_DMESG=$(dmesg | grep -c "$reason")"
-dmesg | tail -n 10
-exit 0
-"#;
+/// The named peers of the peer-memory checks (`PEER` of
+/// `guest/lib/peer-memory.sh`): the NVMe controller, and nic0 found
+/// through its driver (QEMU's default e1000e is a NIC too).
+const NVME_PEER: &str = "nvme";
+const NIC0_PEER: &str = "nic0";
 
 const EINVAL: &str = "-22";
 const EBUSY: &str = "-16";
 const ENODEV: &str = "-19";
 const EOPNOTSUPP: &str = "-95";
 
-/// The peer-memory part of a boot; `peer_bdf` is the shell expression
-/// that names the peer device.
-fn peer_memory_script(script: &str, peer_bdf: &str) -> String {
-    format!("{PM_PRELUDE}{script}").replace("@PEER_BDF@", peer_bdf)
+/// The peer-memory part of a boot, the script `name` with `text`; `peer`
+/// names the peer device.
+fn peer_memory_script(name: &str, text: &str, peer: &str) -> GuestScript {
+    GuestScript::new(name, text)
+        .lib(
+            "peer-memory.sh",
+            include_str!("../guest/lib/peer-memory.sh"),
+        )
+        .var("PEER", peer)
 }
 
 /// The address a fact's allocation starts at in BAR2.
@@ -350,15 +191,19 @@ fn expect_revoked(run: &GuestRun, prefix: &str) {
 
 #[test]
 fn rdma_and_peer_memory_under_one_switch() {
-    let rdma = SCRIPT
-        .replace("@SIZE@", &SIZE.to_string())
-        .replace("@POST@", &POST.to_string())
-        .replace("@GPU_SIZE@", &GPU_SIZE.to_string())
-        .replace("@GPU_POST@", &GPU_POST.to_string())
-        .replace("@REVOKE_SIZE@", &REVOKE_SIZE.to_string())
-        .replace("@AFTER_SIZE@", &AFTER_SIZE.to_string())
-        .replace("@DMABUF_SIZE@", &DMABUF_SIZE.to_string());
-    let peer_memory = peer_memory_script(PM_LAB_SCRIPT, NVME_PEER);
+    let rdma = GuestScript::new("rdma.sh", include_str!("../guest/rdma.sh"))
+        .var("SIZE", SIZE)
+        .var("POST", POST)
+        .var("GPU_SIZE", GPU_SIZE)
+        .var("GPU_POST", GPU_POST)
+        .var("REVOKE_SIZE", REVOKE_SIZE)
+        .var("AFTER_SIZE", AFTER_SIZE)
+        .var("DMABUF_SIZE", DMABUF_SIZE);
+    let peer_memory = peer_memory_script(
+        "peer-memory-switch.sh",
+        include_str!("../guest/peer-memory-switch.sh"),
+        NVME_PEER,
+    );
     let script = shared_boot_script(&[("", &rdma), ("PM_", &peer_memory)]);
     let run = run_guest("rdma", &script, Boot::default());
     run.expect("NIC_DEVICES", "2");
@@ -528,23 +373,6 @@ fn rdma_and_peer_memory_under_one_switch() {
     check_peer_memory_in_the_switch(&run.part("PM_"));
 }
 
-const REFUSAL_SCRIPT: &str = r#"
-set -u
-say() { echo "$1=$2"; }
-facts() { while IFS== read -r k v; do echo "$1_$(echo "$k" | tr a-z A-Z)=$v"; done; }
-base=$(dmesg | grep -c 'cannot be used for peer-to-peer DMA')
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --src gpu --dst gpu --size 1M --post 1M > /tmp/d
-say REFUSE_EXIT $?
-facts REFUSE < /tmp/d
-say REFUSE_DMESG $(( $(dmesg | grep -c 'cannot be used for peer-to-peer DMA') - base ))
-say REFUSE_NIC_LINES "$(dmesg | grep -c 'p2plab_nic.*GPU memory refused for peer DMA')"
-# The NIC itself works (RAM, over its loopback wire).
-p2plab-nic-tool xfer --tx /dev/p2plab-nic0 --size 1M --post 256K > /tmp/r
-say RAM_EXIT $?
-facts RAM < /tmp/r
-exit 0
-"#;
-
 /// (d) Refusal: nic0 and gpu0 on separate root ports (`rdma-separate`).
 /// Registering GPU memory with the NIC fails with EINVAL because the
 /// kernel's P2P distance check refuses the pair, dmesg gives the kernel's
@@ -552,8 +380,13 @@ exit 0
 /// driver that hands out addresses the kernel would refuse.
 #[test]
 fn gpu_memory_refused_on_separate_root_ports() {
-    let peer_memory = peer_memory_script(PM_REFUSAL_SCRIPT, NIC0_PEER);
-    let script = shared_boot_script(&[("", REFUSAL_SCRIPT), ("PM_", &peer_memory)]);
+    let refusal = GuestScript::new("rdma-refused.sh", include_str!("../guest/rdma-refused.sh"));
+    let peer_memory = peer_memory_script(
+        "peer-memory-refused.sh",
+        include_str!("../guest/peer-memory-refused.sh"),
+        NIC0_PEER,
+    );
+    let script = shared_boot_script(&[("", &refusal), ("PM_", &peer_memory)]);
     let run = run_guest("rdma-separate", &script, Boot::default());
     run.expect("REFUSE_EXIT", "3");
     run.expect("REFUSE_REG_ERRNO", "22");

@@ -22,71 +22,14 @@ mod common;
 
 use common::{counter, run_guest, stats, Boot, GuestRun};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
+use p2plab_lab::GuestScript;
 
-/// Guest helpers shared by the scripts: the devices by class, their
-/// upstream ports, the ACS Control register of a port (`none` when it has
-/// no ACS capability), the p2pmem sysfs values.
-const PRELUDE: &str = r#"
-set -u
-by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
-gpu_bdf=$(by_class 0x030200 | head -n1)
-nvme_bdf=$(by_class 0x010802 | head -n1)
-[ -n "$gpu_bdf" ] && [ -n "$nvme_bdf" ] || { echo "devices missing"; lspci -nn; exit 1; }
-ns=$(p2plab-nvme-ns 1)
-gpu=/sys/bus/pci/devices/$gpu_bdf
-nvme=/sys/bus/pci/devices/$nvme_bdf
-parent_of() { basename "$(dirname "$(readlink -f /sys/bus/pci/devices/$1)")"; }
-acs_ctrl() { setpci -s "$1" ECAP0d+6.w 2>/dev/null || echo none; }
-echo "GPU_BDF=$gpu_bdf"
-echo "NVME_BDF=$nvme_bdf"
-echo "GPU_PORT=$(parent_of $gpu_bdf)"
-echo "NVME_PORT=$(parent_of $nvme_bdf)"
-echo "GPU_P2P_PUBLISHED=$(cat $gpu/p2pmem/published)"
-echo "GPU_P2P_SIZE=$(cat $gpu/p2pmem/size)"
-echo "GPU_P2P_AVAILABLE=$(cat $gpu/p2pmem/available)"
-echo "NVME_P2P_PUBLISHED=$(cat $nvme/p2pmem/published)"
-echo "NVME_P2P_SIZE=$(cat $nvme/p2pmem/size)"
-sed -n 3p $gpu/resource | { read start end flags; echo "GPU_BAR2_START=$start"; echo "GPU_BAR2_END=$end"; }
-echo "CPU_VENDOR=$(sed -n 's/^vendor_id[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
-echo "CPU_FAMILY=$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
-# A RAM round trip first: 16 MiB through the namespace with O_DIRECT.
-dd if=/dev/urandom of=/tmp/pattern bs=1M count=16 2>/dev/null
-dd if=/tmp/pattern of=$ns bs=1M oflag=direct 2>/dev/null; echo "RAM_WRITE_STATUS=$?"
-echo 3 > /proc/sys/vm/drop_caches
-dd if=$ns bs=1M count=16 iflag=direct 2>/dev/null | cmp -s - /tmp/pattern; echo "RAM_CMP=$?"
-echo "PATTERN_CRC=$(p2plab-gpu-tool crc32c /tmp/pattern)"
-echo "MAX_SECTORS_KB=$(cat /sys/block/$(basename $ns)/queue/max_sectors_kb)"
-echo "MAX_RETRIES=$(cat /sys/module/nvme_core/parameters/max_retries)"
-# The kernel's P2PDMA map type for every transfer: a return probe on
-# pci_p2pdma_map_type (an exported function; kprobe events are in Debian's
-# config), read back at the end as MAP_TYPES.
-tracing=/sys/kernel/tracing
-mountpoint -q $tracing || mount -t tracefs nodev $tracing
-echo 'r:p2p_map_type pci_p2pdma_map_type ret=$retval:u32' >> $tracing/kprobe_events; echo "KPROBE_STATUS=$?"
-echo 1 > $tracing/events/kprobes/p2p_map_type/enable; echo "KPROBE_ENABLE_STATUS=$?"
-"#;
-
-/// NVMe → GPU p2pmem: the 16 MiB pattern read with O_DIRECT in 1 MiB
-/// chunks; the GPU checksums what landed in VRAM. `N2G_*` facts.
-const N2G: &str = r#"
-p2plab-p2pio --p2pmem $gpu_bdf read --dev $ns --len 16M --chunk 1M \
-  --hook 'p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/n2g.crc' \
-  > /run/p2plab/n2g.out 2>&1; echo "N2G_STATUS=$?"
-sed 's/^/N2G_/' /run/p2plab/n2g.out
-echo "N2G_EINVAL_LINES=$(grep -c 'Invalid argument (os error 22)' /run/p2plab/n2g.out)"
-echo "N2G_EIO_LINES=$(grep -c 'Input/output error (os error 5)' /run/p2plab/n2g.out)"
-echo "N2G_GPU_CRC=$(cat /run/p2plab/n2g.crc 2>/dev/null)"
-"#;
-
-/// After a refused or failed P2P transfer, RAM I/O must still work. Then
-/// the map types the kernel computed, distinct values in order.
-const RAM_AGAIN: &str = r#"
-echo 3 > /proc/sys/vm/drop_caches
-dd if=$ns bs=1M count=16 iflag=direct 2>/dev/null | cmp -s - /tmp/pattern; echo "RAM_AFTER_CMP=$?"
-echo "MAP_TYPE_CALLS=$(grep -c 'p2p_map_type:' $tracing/trace)"
-echo "MAP_TYPES=$(sed -n 's/.*p2p_map_type:.* ret=\([0-9]*\).*/\1/p' $tracing/trace | sort -u | paste -sd, -)"
-exit 0
-"#;
+/// A topologies guest script with the prelude and phases it sources
+/// (`guest/lib/topologies.sh`: what every topology reports, `n2g`,
+/// `ram_again`).
+fn topologies_script(name: &str, text: &str) -> GuestScript {
+    GuestScript::new(name, text).lib("topologies.sh", include_str!("../guest/lib/topologies.sh"))
+}
 
 /// `enum pci_p2pdma_map_type` of the 7.3 guest kernel
 /// (include/linux/pci-p2pdma.h: UNKNOWN, NONE, NOT_SUPPORTED, BUS_ADDR,
@@ -140,12 +83,9 @@ const NOT_WHITELISTED: &str = "Host bridge not in P2PDMA whitelist*";
 /// and a RAM path broken by the refusal.
 #[test]
 fn acs_redirect_in_the_switch_refuses_p2p() {
-    let script = format!(
-        "{PRELUDE}
-echo \"ACS_CTRL_RP=$(acs_ctrl 00:10.0)\"
-echo \"ACS_CTRL_GPU_PORT=$(acs_ctrl $(parent_of $gpu_bdf))\"
-echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
-{N2G}{RAM_AGAIN}"
+    let script = topologies_script(
+        "topologies-acs-redirect.sh",
+        include_str!("../guest/topologies-acs-redirect.sh"),
     );
     let boot = Boot {
         append: vec!["pci=config_acs=1xx@0000:02:00.0;1xx@0000:02:01.0".to_owned()],
@@ -217,11 +157,9 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
 /// counters on both servers).
 #[test]
 fn acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge() {
-    let script = format!(
-        "{PRELUDE}
-echo \"ACS_CTRL_GPU_PORT=$(acs_ctrl $(parent_of $gpu_bdf))\"
-echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
-{N2G}{RAM_AGAIN}"
+    let script = topologies_script(
+        "topologies-acs-zen.sh",
+        include_str!("../guest/topologies-acs-zen.sh"),
     );
     let boot = Boot {
         append: vec!["pci=config_acs=1xx@0000:02:00.0;1xx@0000:02:01.0".to_owned()],
@@ -262,17 +200,10 @@ echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
 /// counters on both servers), and a GPU that does not publish.
 #[test]
 fn zen_host_bridge_allows_p2p_between_root_ports() {
-    let g2n = r#"
-p2plab-p2pio --p2pmem $gpu_bdf write --dev $ns --offset 64M --len 16M --chunk 1M \
-  --hook 'p2plab-gpu-tool fill32 $P2P_BAR_OFFSET $P2P_LEN 0x2e9c0de5 && p2plab-gpu-tool checksum $P2P_BAR_OFFSET $P2P_LEN > /run/p2plab/g2n.crc' \
-  > /run/p2plab/g2n.out 2>&1; echo "G2N_STATUS=$?"
-sed 's/^/G2N_/' /run/p2plab/g2n.out
-echo 3 > /proc/sys/vm/drop_caches
-dd if=$ns of=/tmp/back bs=1M skip=64 count=16 iflag=direct 2>/dev/null
-echo "G2N_READBACK_CRC=$(p2plab-gpu-tool crc32c /tmp/back)"
-echo "G2N_GPU_CRC=$(cat /run/p2plab/g2n.crc 2>/dev/null)"
-"#;
-    let script = format!("{PRELUDE}{N2G}{g2n}{RAM_AGAIN}");
+    let script = topologies_script(
+        "topologies-zen-root-ports.sh",
+        include_str!("../guest/topologies-zen-root-ports.sh"),
+    );
     let run = run_guest("separate-root-ports-zen", &script, Boot::default());
     expect_map_type(&run, MAP_THRU_HOST_BRIDGE);
 
@@ -344,20 +275,9 @@ fn assert_peer_path_bytes(run: &GuestRun, written: u64, read: u64) {
 /// NVMe Data Transfer Error on every attempt.
 #[test]
 fn viommu_maps_ram_through_iovas_and_p2p_by_bus_address() {
-    let script = format!(
-        "{PRELUDE}
-echo \"IOMMU_GROUP_TYPE=$(cat $nvme/iommu_group/type)\"
-echo \"GPU_IOMMU_GROUP_TYPE=$(cat $gpu/iommu_group/type)\"
-echo \"ACS_CTRL_RP=$(acs_ctrl 00:10.0)\"
-echo \"ACS_CTRL_GPU_PORT=$(acs_ctrl $(parent_of $gpu_bdf))\"
-echo \"ACS_CTRL_NVME_PORT=$(acs_ctrl $(parent_of $nvme_bdf))\"
-# Many small maps: 4 KiB O_DIRECT writes then reads, 2 threads of dd.
-for i in 0 1; do
-  dd if=/tmp/pattern of=$ns bs=4k count=1024 skip=$((i * 1024)) seek=$((8192 + i * 1024)) oflag=direct 2>/dev/null &
-done; wait
-echo 3 > /proc/sys/vm/drop_caches
-dd if=$ns bs=4k count=2048 skip=8192 iflag=direct 2>/dev/null | cmp -s - <(head -c 8M /tmp/pattern); echo \"SMALL_CMP=$?\"
-{N2G}{RAM_AGAIN}"
+    let script = topologies_script(
+        "topologies-viommu.sh",
+        include_str!("../guest/topologies-viommu.sh"),
     );
     let boot = Boot {
         append: vec!["intel_iommu=on".to_owned(), "iommu.strict=1".to_owned()],

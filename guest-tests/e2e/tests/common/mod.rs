@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{Lab, LabOptions, Mode, Outcome};
+use p2plab_lab::{GuestScript, Lab, LabOptions, Outcome};
 use serde_json::Value;
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
@@ -91,21 +91,8 @@ impl GuestRun {
 /// A part's output lines get its prefix, so two parts that report the same
 /// key never mask each other (read them back with [`GuestRun::part`]). The
 /// script stops with the failing part's status when one fails.
-pub fn shared_boot_script(parts: &[(&str, &str)]) -> String {
-    let mut text = String::from("set -u\n");
-    for (n, (prefix, script)) in parts.iter().enumerate() {
-        let file = format!("/tmp/p2plab-part{n}.sh");
-        text.push_str(&format!(
-            "cat > {file} <<'P2PLAB_PART_END'\n{script}\nP2PLAB_PART_END\n"
-        ));
-        text.push_str(&format!(
-            "bash {file} 2>&1 | sed 's/^/{prefix}/'\n\
-             rc=${{PIPESTATUS[0]}}\n\
-             [ \"$rc\" = 0 ] || {{ echo \"part {n} ({prefix}) exited $rc\"; exit \"$rc\"; }}\n"
-        ));
-    }
-    text.push_str("exit 0\n");
-    text
+pub fn shared_boot_script(parts: &[(&str, &GuestScript)]) -> GuestScript {
+    GuestScript::in_parts(parts).unwrap_or_else(|err| panic!("the shared boot's script: {err:#}"))
 }
 
 /// Extra knobs for one boot.
@@ -134,8 +121,8 @@ pub fn test_state_dir(name: &str) -> PathBuf {
 }
 
 /// Boots `topology`, runs `script` in the guest and collects its facts.
-/// The script's exit status must be 0 unless `allow_failure`.
-pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
+/// The script's exit status must be 0.
+pub fn run_guest(topology: &str, script: &GuestScript, boot: Boot) -> GuestRun {
     run_guest_with(topology, script, boot, |_| ()).0
 }
 
@@ -145,11 +132,12 @@ pub fn run_guest(topology: &str, script: &str, boot: Boot) -> GuestRun {
 /// with the guest's.
 pub fn run_guest_with<T>(
     topology: &str,
-    script: &str,
+    script: &GuestScript,
     boot: Boot,
     host: impl FnOnce(&mut Lab) -> T,
 ) -> (GuestRun, T) {
-    let mut options = LabOptions::new(topology, Mode::Exec(script.to_owned()));
+    let mut options = LabOptions::exec(topology, script)
+        .unwrap_or_else(|err| panic!("the guest script: {err:#}"));
     options.timeout = Some(BOOT_TIMEOUT);
     options.server_args = boot.server_args;
     options.append = boot.append;
