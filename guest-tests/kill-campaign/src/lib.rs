@@ -28,8 +28,11 @@
 //! QEMU 11.1 does not reconnect a `vfio-user-pci` device to a restarted
 //! server, hence the unplug and re-plug inside a boot.
 //!
-//! Shared by `guest-tests/tests/kill.rs` (a few rounds) and
-//! `p2plab-kill-loop` (behind `scripts/kill-loop`, 100 rounds).
+//! Shared by the e2e suite `guest-tests/e2e/tests/kill.rs` (a few rounds) and
+//! `p2plab-kill-loop` (behind `scripts/kill-loop`, 100 rounds). A crate of
+//! its own for that reason: the scenario, its guest side (`guest/kill.sh`)
+//! and its long-run CLI are one job with two front ends; the lab it runs on
+//! knows no scenario, and the e2e crate holds suites, not binaries.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -45,7 +48,7 @@ use serde_json::Value;
 use p2plab_lab::control::unplug;
 use p2plab_lab::facts::parse as parse_facts;
 use p2plab_lab::qmp::Qmp;
-use p2plab_lab::{Lab, LabOptions, Mode};
+use p2plab_lab::{GuestScript, Lab, LabOptions};
 
 /// The device the rounds kill (the lab topology's NVMe controller).
 pub const DEVICE: &str = "nvme0";
@@ -158,59 +161,20 @@ fn fact_u64(facts: &BTreeMap<String, String>, key: &str, what: &str) -> Result<u
         .with_context(|| format!("{key}={text:?} at {what} is not a number"))
 }
 
-/// Shell helpers every boot's script starts with.
-const SCRIPT_HEAD: &str = r#"
-set -u
-SLOT_MIB=4
-SLOTS_MIB=16
-: > /tmp/facts
-# fact KEY VALUE: printed, and kept for the next signal file.
-fact() { echo "$1=$2"; echo "$1=$2" >> /tmp/facts; }
-# signal NAME: hand the facts so far to the host (atomically: it polls).
-signal() { cp /tmp/facts /run/p2plab/.$1; : > /tmp/facts; mv /run/p2plab/.$1 /run/p2plab/$1; }
-wait_host() { i=0; until [ -e /run/p2plab/$1 ]; do sleep 0.2; i=$((i+1)); [ $i -lt 3000 ] || { echo "no $1 from the host"; exit 1; }; done; }
-# The namespace of the controller at a PCI address (a re-plugged
-# controller may get another name while the old one is still referenced).
-ns_of() { c=$(ls -d /sys/bus/pci/devices/$1/nvme/nvme* 2>/dev/null | head -n1); [ -n "$c" ] && p2plab-nvme-ns --ctrl "$(basename $c)" 1 2>/dev/null; }
-# fio_slot SEED SLOT NAME [fio options]: the one job that writes a slot and
-# verifies it later. A single job per fio run on purpose: fio derives its
-# random streams from the seed and the job's number, so the verify run must
-# be the same job shape as the write run.
-fio_slot() {
-  seed=$1 slot=$2 name=$3; shift 3
-  fio --name=slot$slot --filename=$ns --rw=randwrite --bs=4k --offset=$((SLOTS_MIB + slot * SLOT_MIB))M \
-    --size=${SLOT_MIB}M --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c \
-    --randrepeat=1 --randseed=$seed --verify_state_save=0 --output-format=json \
-    --output=/run/p2plab/$name.json \
-    "$@" >/dev/null 2>/run/p2plab/$name.err
-}
-# verify_slot SEED SLOT TAG: fio reads the slot back and checks every
-# block's header (offset, seed) and crc32c.
-verify_slot() { fio_slot $1 $2 verify-$3-slot$2 --verify_only=1; fact VERIFY_$3_SLOT$2 $?; }
-complaints() { dmesg | grep -c -E 'BUG:|Oops|Call Trace|refcount_t|blocked for more than'; }
-writes_done() { awk '{print $5}' /sys/block/${ns#/dev/}/stat; }
-inflight_now() { awk '{print $1 + $2}' /sys/block/${ns#/dev/}/inflight; }
-
-ns=$(p2plab-nvme-ns 1) || { echo "no NVMe namespace"; exit 1; }
-bdf=$(basename "$(readlink -f /sys/block/${ns#/dev/}/device/device)")
-fact NVME_BDF $bdf
-mkdir -p /mnt/fs
-"#;
-
-/// Rounds that re-plug within the boot stop the scratch writer (one
-/// process: fio runs its job as a thread) and let its requests drain
-/// before the kill: QEMU 11.1 can abort when a server dies while the guest
-/// drives the device ([`RoundEnd::QemuAborted`]). The unflushed writes
-/// were still acknowledged and never flushed.
-const QUIESCE: &str = "kill -STOP $inflight
-i=0; while [ \"$(inflight_now)\" != 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
-";
+/// The guest side of a boot: the steps of a round as shell functions; a
+/// boot's script is this file plus its plan as calls ([`boot_script`]).
+const GUEST_SCRIPT: &str = include_str!("../guest/kill.sh");
 
 /// Checkpoint `tag`: fio verifies every slot in `slots`.
-fn verify_lines(script: &mut String, slots: &BTreeMap<u32, SlotWrite>, tag: &str) {
+fn verify_calls(
+    mut script: GuestScript,
+    slots: &BTreeMap<u32, SlotWrite>,
+    tag: &str,
+) -> GuestScript {
     for w in slots.values() {
-        script.push_str(&format!("verify_slot {} {} {tag}\n", w.seed, w.slot));
+        script = script.call(["verify_slot", &w.seed.to_string(), &w.slot.to_string(), tag]);
     }
+    script
 }
 
 /// The ext4 file system in partition 1 of the namespace, after the
@@ -253,104 +217,56 @@ pub struct FsState {
     pub files: Vec<u32>,
 }
 
-fn fs_check_lines(script: &mut String, fs: &FsState) {
+/// A boot's start: the first creates the file system, the others check
+/// it and every file an earlier boot's last round fsynced there.
+fn fs_calls(script: GuestScript, fs: &FsState) -> GuestScript {
     if !fs.created {
         // The host wrote the partition table ([`write_partition_table`]).
-        script.push_str(
-            "fact FS_PARTITION $([ -b ${ns}p1 ] && echo 0 || echo 1)\n\
-             mkfs.ext4 -q -F -E nodiscard ${ns}p1 >/run/p2plab/mkfs.out 2>&1\n\
-             fact FS_MKFS $?\n",
-        );
-        return;
+        return script.call(["fs_create"]);
     }
-    script.push_str(
-        "mount -t ext4 ${ns}p1 /mnt/fs
-fact FS_MOUNT $?
-",
-    );
-    for r in &fs.files {
-        script.push_str(&format!(
-            "cmp -s /mnt/fs/round-{r}.bin /mnt/host/fs-round-{r}.bin
-fact FS_FILE_{r} $?
-"
-        ));
-    }
-    script.push_str(
-        "umount /mnt/fs
-fact FS_UMOUNT $?
-         e2fsck -fn ${ns}p1 >/run/p2plab/fsck.out 2>&1
-fact FSCK $?
-",
-    );
+    let rounds = fs.files.iter().map(u32::to_string);
+    script.call(std::iter::once("fs_check".to_owned()).chain(rounds))
 }
-
-/// The last round of a boot writes a file in the file system with fsync,
-/// and keeps unflushed writes to another one going while QEMU is killed.
-const FS_WRITE: &str = r#"mount -t ext4 ${ns}p1 /mnt/fs
-fact FS_MOUNT $?
-head -c 1048576 /dev/urandom > /mnt/host/fs-round-@R@.bin
-dd if=/mnt/host/fs-round-@R@.bin of=/mnt/fs/round-@R@.bin bs=1M conv=fsync 2>/dev/null && sync -f /mnt/fs
-fact FS_WRITE $?
-dd if=/dev/urandom of=/mnt/fs/unflushed-@R@.bin bs=64k count=4096 2>/dev/null &
-"#;
 
 /// The guest script of one boot: verify what earlier boots left, then the
 /// rounds; the last round waits for the host to kill QEMU. A boot with no
-/// rounds only verifies and exits.
-fn boot_script(before: &BTreeMap<u32, SlotWrite>, fs: &FsState, rounds: &[SlotWrite]) -> String {
-    let mut script = String::from(SCRIPT_HEAD);
-    verify_lines(&mut script, before, "boot");
-    fs_check_lines(&mut script, fs);
-    script.push_str("fact KERNEL_COMPLAINTS $(complaints)\nsignal ready\n");
+/// rounds only verifies and exits. The steps are `guest/kill.sh`'s
+/// functions; this is the plan that calls them.
+fn boot_script(
+    before: &BTreeMap<u32, SlotWrite>,
+    fs: &FsState,
+    rounds: &[SlotWrite],
+) -> GuestScript {
+    let mut script = GuestScript::new("kill.sh", GUEST_SCRIPT)
+        .var("SLOTS_MIB", SLOTS_OFFSET >> 20)
+        .var("SLOT_MIB", SLOT_BYTES >> 20)
+        .var("SCRATCH_OFFSET_MIB", SCRATCH_OFFSET_MIB)
+        .var("SCRATCH_MIB", SCRATCH_MIB);
+    script = verify_calls(script, before, "boot");
+    script = fs_calls(script, fs).call(["checkpoint", "ready"]);
     let mut slots = before.clone();
     for (i, w) in rounds.iter().enumerate() {
-        let r = w.round;
+        let r = w.round.to_string();
+        let last = i + 1 == rounds.len();
         slots.insert(w.slot, *w);
-        script.push_str(&format!(
-            r#"
-# --- round {r}: slot {slot}, seed {seed} ---
-fio_slot {seed} {slot} write-{r} --do_verify=0 --end_fsync=1
-fact WRITE_STATUS $?
-dd if=$ns of=/mnt/host/slot-{slot}.bin bs=1M skip=$((SLOTS_MIB + {slot} * SLOT_MIB)) count=$SLOT_MIB iflag=direct 2>/dev/null
-fact COPY_STATUS $?
-{fs_write}w0=$(writes_done)
-fio --name=inflight --filename=$ns --rw=randwrite --bs=64k --offset={SCRATCH_OFFSET_MIB}M \
-  --size={SCRATCH_MIB}M --direct=1 --ioengine=libaio --iodepth=16 --time_based --runtime=3600 \
-  --thread >/dev/null 2>&1 &
-inflight=$!
-i=0; while [ "$(writes_done)" -lt $((w0 + 100)) ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
-fact INFLIGHT_WRITES $(( $(writes_done) - w0 ))
-{quiesce}fact INFLIGHT_AT_KILL $(inflight_now)
-signal flushed-{r}
-"#,
-            slot = w.slot,
-            seed = w.seed,
-            quiesce = if i + 1 == rounds.len() { "" } else { QUIESCE },
-            fs_write = if i + 1 == rounds.len() {
-                FS_WRITE.replace("@R@", &r.to_string())
-            } else {
-                String::new()
-            },
-        ));
-        if i + 1 == rounds.len() {
-            // The host kills the server, then QEMU, while this sleeps.
-            script.push_str("sleep 3600\necho 'QEMU was not killed'\nexit 1\n");
-            return script;
+        script = script.call(["round_write", &r, &w.slot.to_string(), &w.seed.to_string()]);
+        if last {
+            script = script.call(["fs_write", &r]);
         }
-        script.push_str(&format!(
-            r#"wait_host replugged-{r}
-kill -9 $inflight 2>/dev/null; kill -CONT $inflight 2>/dev/null; wait $inflight 2>/dev/null
-i=0; ns=; until ns=$(ns_of $bdf) || [ $i -ge 300 ]; do sleep 0.2; i=$((i+1)); done
-fact BACK $([ -b "$ns" ] && echo 1 || echo 0)
-"#
-        ));
-        verify_lines(&mut script, &slots, &format!("r{r}"));
-        script.push_str(&format!(
-            "fact KERNEL_COMPLAINTS $(complaints)\nsignal checked-{r}\n"
-        ));
+        script = script.call(["start_inflight"]);
+        if !last {
+            script = script.call(["quiesce"]);
+        }
+        script = script.call(["flushed", &r]);
+        if last {
+            // The host kills the server, then QEMU, while this sleeps.
+            return script.call(["await_qemu_kill"]);
+        }
+        script = script.call(["after_replug", &r]);
+        script = verify_calls(script, &slots, &format!("r{r}"));
+        script = script.call(["checkpoint", &format!("checked-{r}")]);
     }
-    script.push_str("exit 0\n");
-    script
+    script.call(["boot_done"])
 }
 
 /// The checks on fio's JSON of a verify-only run of a slot.
@@ -593,8 +509,8 @@ impl Boot<'_> {
         report: &mut KillReport,
         on_round: &mut impl FnMut(&RoundReport),
     ) -> Result<usize> {
-        let mut lab_options =
-            LabOptions::new("lab", Mode::Exec(boot_script(before, &report.fs, rounds)));
+        let script = boot_script(before, &report.fs, rounds);
+        let mut lab_options = LabOptions::exec("lab", &script)?;
         lab_options.state = Some(self.options.state.clone());
         lab_options.share = Some(self.copies.to_path_buf());
         lab_options.timeout = Some(PHASE_TIMEOUT);
@@ -798,6 +714,18 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The calls a boot's script makes after `guest/kill.sh`'s own text.
+    fn plan(script: &GuestScript) -> String {
+        let text = script.render().expect("the boot's script renders");
+        let body = GUEST_SCRIPT.split_once('\n').expect("a shebang line").1;
+        text.split_once(body).expect("kill.sh's text").1.to_owned()
+    }
+
+    /// Catches: a plan that forgets to verify a slot (at boot or after a
+    /// re-plug), writes the file system in a round other than the boot's
+    /// last, re-plugs after the last round instead of waiting for QEMU's
+    /// SIGKILL, quiesces the last round's in-flight writes, or calls a
+    /// step `guest/kill.sh` does not define (render fails).
     #[test]
     fn a_boot_verifies_every_slot_after_each_replug_and_ends_waiting_for_the_kill() {
         let before: BTreeMap<u32, SlotWrite> = [(0, w(1))].into_iter().collect();
@@ -805,23 +733,50 @@ mod tests {
             created: true,
             files: vec![1],
         };
-        let script = boot_script(&before, &fs, &[w(2), w(3)]);
-        assert!(script.contains("cmp -s /mnt/fs/round-1.bin /mnt/host/fs-round-1.bin"));
-        assert!(script.contains("e2fsck -fn"));
-        // Only the boot's last round writes the file system.
-        assert!(!script.contains("of=/mnt/fs/round-2.bin"));
-        assert!(script.contains("of=/mnt/fs/round-3.bin bs=1M conv=fsync"));
-        assert!(script.contains("verify_slot 1001 0 boot\n"));
-        assert!(script.contains("fio_slot 1002 1 write-2 --do_verify=0 --end_fsync=1"));
-        assert!(script.contains("wait_host replugged-2"));
-        assert!(script.contains("verify_slot 1001 0 r2\nverify_slot 1002 1 r2\n"));
-        // The boot's last round waits for QEMU's SIGKILL, no re-plug.
-        assert!(!script.contains("wait_host replugged-3"));
-        assert!(script.trim_end().ends_with("exit 1"));
-        // A verify-only boot ends on its own.
-        let verify = boot_script(&before, &fs, &[]);
-        assert!(boot_script(&before, &FsState::default(), &[]).contains("mkfs.ext4"));
-        assert!(verify.trim_end().ends_with("exit 0"));
-        assert!(!verify.contains("fio_slot 1"));
+        assert_eq!(
+            plan(&boot_script(&before, &fs, &[w(2), w(3)])),
+            "verify_slot 1001 0 boot\n\
+             fs_check 1\n\
+             checkpoint ready\n\
+             round_write 2 1 1002\n\
+             start_inflight\n\
+             quiesce\n\
+             flushed 2\n\
+             after_replug 2\n\
+             verify_slot 1001 0 r2\n\
+             verify_slot 1002 1 r2\n\
+             checkpoint checked-2\n\
+             round_write 3 2 1003\n\
+             fs_write 3\n\
+             start_inflight\n\
+             flushed 3\n\
+             await_qemu_kill\n"
+        );
+        // A verify-only boot ends on its own; the first boot creates the
+        // file system.
+        assert_eq!(
+            plan(&boot_script(&before, &fs, &[])),
+            "verify_slot 1001 0 boot\nfs_check 1\ncheckpoint ready\nboot_done\n"
+        );
+        assert_eq!(
+            plan(&boot_script(&BTreeMap::new(), &FsState::default(), &[w(1)])),
+            "fs_create\ncheckpoint ready\nround_write 1 0 1001\nfs_write 1\n\
+             start_inflight\nflushed 1\nawait_qemu_kill\n"
+        );
+    }
+
+    /// Catches: slot geometry in the guest script that differs from the
+    /// host's (the host would compare other bytes of the namespace file
+    /// than fio wrote).
+    #[test]
+    fn the_guest_gets_the_hosts_slot_geometry() {
+        let text = boot_script(&BTreeMap::new(), &FsState::default(), &[])
+            .render()
+            .unwrap();
+        assert!(
+            text.contains("export SLOTS_MIB=16\nexport SLOT_MIB=4\n"),
+            "{text}"
+        );
+        assert!(text.contains("export SCRATCH_OFFSET_MIB=512\nexport SCRATCH_MIB=256\n"));
     }
 }
