@@ -22,9 +22,8 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, ensure, Result};
 
-/// Where the guest sees the run folder's `guest/` (9p tag `p2plab-run`).
-pub const GUEST_RUN_DIR: &str = "/run/p2plab";
-/// Where a script's libraries are, in the guest.
+/// Where a script's libraries are, in the guest: `lib/` of the run
+/// folder's `guest/`, which the guest mounts at `/run/p2plab`.
 pub const LIB_DIR: &str = "/run/p2plab/lib";
 
 /// Runs the parts of a shared boot ([`GuestScript::in_parts`]).
@@ -254,13 +253,12 @@ fn declared_parameters(text: &str) -> impl Iterator<Item = &str> {
 /// The libraries a script sources: every `/run/p2plab/lib/NAME`, NAME up
 /// to the first character that cannot be in a file name.
 fn sourced_libraries(text: &str) -> impl Iterator<Item = &str> {
-    let prefix = "/run/p2plab/lib/";
-    text.match_indices(prefix).map(move |(at, _)| {
-        let rest = &text[at + prefix.len()..];
+    text.match_indices(LIB_DIR).filter_map(|(at, _)| {
+        let rest = text[at + LIB_DIR.len()..].strip_prefix('/')?;
         let end = rest
             .find(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
             .unwrap_or(rest.len());
-        &rest[..end]
+        Some(&rest[..end])
     })
 }
 
