@@ -3,61 +3,87 @@
 //! (GPU VRAM, an NVMe CMB) writes straight into that device's memfd
 //! instead of sending DMA_WRITE messages through QEMU.
 //!
-//! Every server listens on `<run>/peers/<id>.sock` (mode 0600 in a 0700
-//! folder) and connects to every other socket there (rescanning the
-//! folder, so servers started later or restarted are found). On each
-//! connection the listening side is the **owner**: it sends each memory
-//! BAR it exports (sealed memfd and a shared counter page by SCM_RIGHTS,
-//! size), then every change of the BAR's placement. The connecting side is
-//! the **user**: it checks what it gets and keeps a peer window in its
-//! [`DmaSpace`] at the owner's bus address.
+//! Every server listens on `<run>/peers/<id>.sock` (mode 0600 from bind,
+//! in a 0700 folder; peers checked with SO_PEERCRED, at most
+//! [`MAX_PEERS`]) and connects to every other socket there (rescanning
+//! the folder, so servers started later or restarted are found). On each
+//! connection the listening side is the **owner**: it sends its placement
+//! page, each memory BAR it exports (sealed memfd, size), then every
+//! change of the BAR's placement. The connecting side is the **user**: it
+//! checks what it gets, answers with its counter page, and keeps a peer
+//! window in its [`DmaSpace`] at the owner's bus address.
 //!
-//! The rule that keeps DMA off stale placements: the owner learns of a
+//! The rules that keep DMA off stale placements: the owner learns of a
 //! BAR change from the guest's config write, before QEMU changes its
-//! memory map, and [`PeerRegistry::set_placement`] does not return (so the
-//! config write does not complete) until every user has acknowledged it.
-//! A user acknowledges only once no access runs through the old window.
-//! A user that does not answer in time is disconnected and so loses the
-//! window. A closed connection (peer exit, crash, restart) removes the
-//! owner's windows at the user.
+//! memory map. [`PeerRegistry::set_placement`] first writes the new
+//! placement into each user's placement page (from then on no new access
+//! goes through the old window: the window checks the page on every
+//! access), then sends the PLACE and waits, at most
+//! [`PeerConfig::ack_timeout`], until the user acknowledged it, which it
+//! does once the accesses already running through the old window have
+//! ended. A user that does not answer in time is cut off (its page says
+//! [`memory::REVOKED`], its connection is closed), so the guest's config
+//! write never waits longer than that. A closed connection (peer exit,
+//! crash, restart) removes the owner's windows at the user.
 //!
 //! This crate knows no device: a server hands it fds, sizes and
 //! placements.
 
 #![deny(missing_docs)]
 
-mod memory;
+pub mod memory;
+pub mod session;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use p2plab_vfio_user::{DmaError, DmaSpace, LocalWindowId};
+use p2plab_ratelimit::log_limited;
+use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
+use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-pub use memory::{sealed_memfd, verify_shared_fd, CounterPage, PeerMemory};
+pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory};
+pub use session::{Reply, SessionError, UserLink, UserSession};
 pub use wire::{BadFrame, Frame, FRAME, MAX_BAR};
+
+/// How long a placement change waits for a user's acknowledgement by
+/// default: the longest a guest's BAR write can be held by a silent or
+/// slow peer. A user acknowledges within microseconds unless a DMA
+/// through the old window is still copying.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_millis(100);
+/// Most peer connections a server keeps each way (users of its socket,
+/// owners it connects to); a lab has a handful of servers.
+pub const MAX_PEERS: usize = 64;
 
 /// Where and how a registry runs.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
-    /// The folder of peer sockets (`<run>/peers`); created 0700 if missing.
+    /// The folder of peer sockets (`<run>/peers`); created 0700 if
+    /// missing, made 0700 if it is ours and wider.
     pub dir: PathBuf,
     /// This server's name there (`<id>.sock`).
     pub id: String,
-    /// How long a placement change waits for each user's acknowledgement.
+    /// How long a placement change waits for each user's acknowledgement
+    /// before it cuts that user off.
     pub ack_timeout: Duration,
     /// How often the folder is rescanned for new peers.
     pub rescan: Duration,
+    /// Most users served and owners connected to at once; more are
+    /// refused with a log line.
+    pub max_peers: usize,
+    /// The uids a peer may run as (SO_PEERCRED, both ways). Servers of
+    /// one run share one uid: the folder is 0700, so no other uid can
+    /// reach a socket in it anyway.
+    pub allowed_uids: Vec<u32>,
 }
 
 impl PeerConfig {
@@ -75,8 +101,10 @@ impl PeerConfig {
         Self {
             dir,
             id,
-            ack_timeout: Duration::from_secs(2),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
             rescan: Duration::from_millis(200),
+            max_peers: MAX_PEERS,
+            allowed_uids: vec![current_uid()],
         }
     }
 
@@ -105,9 +133,167 @@ pub struct Inbound {
     pub read: u64,
 }
 
+/// Counts summed without overflow (each user's may be anything).
+#[derive(Debug, Clone, Copy, Default)]
+struct Total {
+    written: u128,
+    read: u128,
+}
+
+impl Total {
+    fn add(&mut self, i: Inbound) {
+        self.written += u128::from(i.written);
+        self.read += u128::from(i.read);
+    }
+    fn saturated(self) -> Inbound {
+        Inbound {
+            written: u64::try_from(self.written).unwrap_or(u64::MAX),
+            read: u64::try_from(self.read).unwrap_or(u64::MAX),
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+// ----- sockets -----
+
+/// Sends one frame (and `fd`) in one sendmsg. `wait`: block (up to the
+/// socket's send timeout); else fail at once when the socket has no room,
+/// which only a peer that stopped reading causes. A frame sent in part
+/// is an error too (the connection is then cut).
+fn send_frame(
+    stream: &UnixStream,
+    frame: &Frame,
+    fd: Option<BorrowedFd<'_>>,
+    wait: bool,
+) -> io::Result<()> {
+    let bytes = frame.encode();
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    #[repr(C, align(8))]
+    struct Control([u8; 32]);
+    let mut control = Control([0; 32]);
+    // SAFETY: msghdr is a plain C struct; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        let raw = fd.as_raw_fd();
+        let fd_bytes = std::mem::size_of_val(&raw) as u32;
+        // SAFETY: CMSG_SPACE(4) = 24 <= 32 bytes of `control`, which is
+        // aligned for cmsghdr; CMSG_FIRSTHDR points at its start and
+        // CMSG_DATA inside it with room for one fd.
+        unsafe {
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(fd_bytes) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), raw);
+        }
+    }
+    let flags = libc::MSG_NOSIGNAL | if wait { 0 } else { libc::MSG_DONTWAIT };
+    loop {
+        // SAFETY: `msg` points at `iov` (over `bytes`) and `control`, all
+        // alive for the call.
+        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, flags) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n as usize != FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("{n} of {FRAME} bytes sent: the peer stopped reading"),
+            ));
+        }
+        return Ok(());
+    }
+}
+
+/// Receives one frame and the fds that came with it (at most one; more
+/// is an error, the extra ones closed).
+fn recv_frame(stream: &UnixStream) -> io::Result<([u8; FRAME], Vec<OwnedFd>)> {
+    let mut buf = [0u8; FRAME];
+    let mut fds = Vec::new();
+    let got = recv_with_fds(stream, &mut buf, &mut fds, 1)?;
+    if got.bytes == 0 {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed"));
+    }
+    if got.fds_truncated {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more than one fd with a frame",
+        ));
+    }
+    if got.bytes < FRAME {
+        // A frame split by the stream: its fd came with its first byte
+        // (any sent with the rest is closed by the kernel).
+        (&*stream).read_exact(&mut buf[got.bytes..])?;
+    }
+    Ok((buf, fds))
+}
+
+/// Makes `dir` a folder only we can enter: created 0700, or, if it
+/// exists, ours and then narrowed to 0700 (a peer socket must never be
+/// reachable by another uid, not even between its bind and a chmod).
+fn prepare_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let meta = handle.metadata()?;
+    if !meta.is_dir() || meta.uid() != current_uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not a directory of ours", dir.display()),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        // SAFETY: fchmod on the directory we just opened (not a path that
+        // could be swapped for a symlink meanwhile).
+        if unsafe { libc::fchmod(handle.as_raw_fd(), 0o700) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        info!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o777), "peer folder narrowed to 0700");
+    }
+    Ok(())
+}
+
+/// Listens at `path`, 0600 from the bind on (the socket's inode gets the
+/// mode before bind creates the file).
+fn bind(path: &Path) -> io::Result<UnixListener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = bind_with_mode(path, 0o600)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+// ----- the registry -----
 
 struct OwnedBar {
     bar: u32,
@@ -120,38 +306,15 @@ struct OwnedBar {
 /// One user connected to our socket.
 struct OwnerConn {
     stream: UnixStream,
-    counters: CounterPage,
-    /// Highest acknowledged PLACE sequence per BAR index.
-    acked: Mutex<[u64; 6]>,
-    changed: Condvar,
-    dead: AtomicBool,
+    link: UserLink,
 }
 
 impl OwnerConn {
+    /// Cuts the user off: its windows stop serving at once (placement
+    /// page), the connection closes (so it drops them).
     fn kill(&self) {
-        self.dead.store(true, Ordering::Release);
+        self.link.revoke();
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        self.changed.notify_all();
-    }
-
-    /// Waits for ACK `seq` of `bar` until `deadline`; false if the user
-    /// died or was too slow.
-    fn wait_ack(&self, bar: u32, seq: u64, deadline: Instant) -> bool {
-        let mut acked = lock(&self.acked);
-        loop {
-            if acked.get(bar as usize).is_some_and(|&a| a >= seq) {
-                return true;
-            }
-            let now = Instant::now();
-            if self.dead.load(Ordering::Acquire) || now >= deadline {
-                return false;
-            }
-            acked = self
-                .changed
-                .wait_timeout(acked, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
     }
 }
 
@@ -163,7 +326,7 @@ struct OwnerState {
     /// Placement changes pushed so far.
     changes: u64,
     /// Counts of connections gone, per slot.
-    retired: [Inbound; 6],
+    retired: [Total; memory::SLOTS as usize],
 }
 
 impl OwnerState {
@@ -173,10 +336,9 @@ impl OwnerState {
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
         if self.conns.len() != before {
             for bar in &self.bars {
-                let (w, r) = conn.counters.get(bar.slot);
+                let counts = conn.link.counts(bar.slot);
                 if let Some(t) = self.retired.get_mut(bar.slot as usize) {
-                    t.written += w;
-                    t.read += r;
+                    t.add(counts);
                 }
             }
         }
@@ -192,6 +354,8 @@ struct Shared {
     /// to shut it down on exit).
     users: Mutex<HashMap<PathBuf, UnixStream>>,
     readers: Mutex<Vec<JoinHandle<()>>>,
+    /// Connections refused either way (uid, cap).
+    refused: AtomicU64,
 }
 
 /// A running registry. Dropping it closes every connection (peers then
@@ -209,50 +373,17 @@ impl std::fmt::Debug for PeerRegistry {
     }
 }
 
-fn prepare_dir(dir: &Path) -> io::Result<()> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let meta = std::fs::symlink_metadata(dir)?;
-    // SAFETY: geteuid has no side effects.
-    let uid = unsafe { libc::geteuid() };
-    if !meta.file_type().is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{} is not a directory of ours that only we can write to",
-                dir.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn bind(path: &Path) -> io::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
-}
-
 impl PeerRegistry {
     /// Listens on `<dir>/<id>.sock` exporting `exports`, and connects to
     /// every other server's socket there, placing their BARs as peer
     /// windows in `dma`. Every export starts "not decoding".
     pub fn start(config: PeerConfig, dma: DmaSpace, exports: Vec<Export>) -> io::Result<Self> {
+        if config.max_peers == 0 || config.ack_timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a peer registry needs room for a peer and time for an ACK",
+            ));
+        }
         prepare_dir(&config.dir)?;
         let mut owner = OwnerState::default();
         for (slot, e) in exports.into_iter().enumerate() {
@@ -282,6 +413,7 @@ impl PeerRegistry {
             owner: Mutex::new(owner),
             users: Mutex::new(HashMap::new()),
             readers: Mutex::new(Vec::new()),
+            refused: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         let s = Arc::clone(&shared);
@@ -308,11 +440,14 @@ impl PeerRegistry {
     }
 
     /// BAR `bar` now decodes at `addr` (None: memory decode off, BAR
-    /// unassigned, reset). Returns once every connected user has applied
-    /// it (no access through the old placement runs any more); users that
-    /// do not acknowledge within the timeout are disconnected. Call it
-    /// from the config-space write, before the write completes.
+    /// unassigned, reset). Call it from the config-space write, before the
+    /// write completes. From the moment it starts, no user's window serves
+    /// a new access at the old placement; it returns once every user
+    /// acknowledged (the accesses already running through the old window
+    /// have ended), or after [`PeerConfig::ack_timeout`] at the latest,
+    /// cutting off the users that did not answer.
     pub fn set_placement(&self, bar: u8, addr: Option<u64>) {
+        let started = Instant::now();
         let mut owner = lock(&self.shared.owner);
         let Some(index) = owner.bars.iter().position(|b| b.bar == u32::from(bar)) else {
             return;
@@ -321,6 +456,7 @@ impl PeerRegistry {
             return;
         }
         owner.bars[index].addr = addr;
+        let slot = owner.bars[index].slot;
         owner.changes += 1;
         owner.seq += 1;
         let seq = owner.seq;
@@ -331,17 +467,23 @@ impl PeerRegistry {
         };
         let conns: Vec<Arc<OwnerConn>> = owner.conns.clone();
         for conn in &conns {
-            if (&conn.stream).write_all(&frame.encode()).is_err() {
+            conn.link.publish(u32::from(bar), slot, seq);
+            if let Err(e) = send_frame(&conn.stream, &frame, None, false) {
+                if !conn.link.is_dead() {
+                    log_limited!(warn, bar, "peer user cut off: cannot send a placement: {e}");
+                }
                 conn.kill();
             }
         }
         let deadline = Instant::now() + self.shared.config.ack_timeout;
         for conn in &conns {
-            if !conn.wait_ack(u32::from(bar), seq, deadline) {
-                if !conn.dead.load(Ordering::Acquire) {
-                    warn!(
+            if !conn.link.wait_ack(u32::from(bar), seq, deadline) {
+                if !conn.link.is_dead() {
+                    log_limited!(
+                        warn,
                         bar,
-                        "a peer did not acknowledge a BAR placement in time: disconnected"
+                        timeout_ms = self.shared.config.ack_timeout.as_millis() as u64,
+                        "a peer user did not acknowledge a BAR placement in time: cut off"
                     );
                 }
                 conn.kill();
@@ -352,11 +494,14 @@ impl PeerRegistry {
             bar,
             ?addr,
             users = owner.conns.len(),
+            took_us = started.elapsed().as_micros() as u64,
             "BAR placement pushed to peers"
         );
     }
 
-    /// Bytes peers moved into and out of exported BAR `bar`.
+    /// Bytes peers moved into and out of exported BAR `bar`, as they
+    /// counted them (a user whose counts go backwards is cut off; sums
+    /// saturate instead of wrapping).
     pub fn inbound(&self, bar: u8) -> Inbound {
         let owner = lock(&self.shared.owner);
         let Some(b) = owner.bars.iter().find(|b| b.bar == u32::from(bar)) else {
@@ -368,11 +513,12 @@ impl PeerRegistry {
             .copied()
             .unwrap_or_default();
         for conn in &owner.conns {
-            let (w, r) = conn.counters.get(b.slot);
-            total.written += w;
-            total.read += r;
+            total.add(conn.link.counts(b.slot));
+            if conn.link.is_dead() {
+                conn.kill();
+            }
         }
-        total
+        total.saturated()
     }
 
     /// Placement changes pushed so far (each BAR move, decode on or off,
@@ -386,7 +532,7 @@ impl PeerRegistry {
         lock(&self.shared.owner)
             .conns
             .iter()
-            .filter(|c| !c.dead.load(Ordering::Acquire))
+            .filter(|c| !c.link.is_dead())
             .count()
     }
 
@@ -394,9 +540,13 @@ impl PeerRegistry {
     pub fn owners(&self) -> usize {
         lock(&self.shared.users).len()
     }
-}
 
-impl PeerRegistry {
+    /// Peer connections refused so far, either way (a uid not allowed,
+    /// the cap reached).
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.refused.load(Ordering::Relaxed)
+    }
+
     /// Closes every connection (peers drop their windows on our memory,
     /// we drop ours on theirs) and removes the socket. Dropping the
     /// registry does the same; a server calls this on its way out, where
@@ -447,104 +597,119 @@ fn spawn_reader(shared: &Arc<Shared>, name: &str, f: impl FnOnce() + Send + 'sta
     }
 }
 
+/// Whether the process at the other end of `stream` may be our peer;
+/// logs (rate-limited) and counts a refusal.
+fn admit(shared: &Shared, stream: &UnixStream, side: &str) -> bool {
+    match peer_uid(stream) {
+        Ok(uid) if shared.config.allowed_uids.contains(&uid) => true,
+        Ok(uid) => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            log_limited!(
+                warn,
+                uid,
+                side,
+                "peer connection refused: uid {uid} is not allowed"
+            );
+            false
+        }
+        Err(e) => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            log_limited!(warn, side, "peer connection refused: SO_PEERCRED: {e}");
+            false
+        }
+    }
+}
+
 // ----- owner side -----
 
 fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
     while !shared.stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
+                if !admit(shared, &stream, "user") {
+                    continue;
+                }
+                let serving = lock(&shared.owner).conns.len();
+                if serving >= shared.config.max_peers {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    log_limited!(
+                        warn,
+                        serving,
+                        "peer connection refused: already serving {serving} peer users (the most allowed)"
+                    );
+                    continue;
+                }
                 if let Err(e) = welcome(shared, stream) {
-                    warn!("peer connection refused: {e}");
+                    log_limited!(warn, "peer user dropped at once: {e}");
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
-                warn!("peer accept: {e}");
+                log_limited!(warn, "peer accept: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
     }
 }
 
-/// Sends a new user our BARs and their current placement, then reads its
-/// acknowledgements until it goes away.
+/// Sends a new user our placement page, our BARs and their current
+/// placement, then reads its frames until it goes away. Nothing here
+/// waits on the user: every send fails at once if it does not read.
 fn welcome(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
     stream.set_nonblocking(false)?;
-    // A user that stops reading cannot hold a config write (and the owner
-    // lock) longer than an ACK may take.
-    stream.set_write_timeout(Some(shared.config.ack_timeout))?;
     let conn = Arc::new(OwnerConn {
         stream,
-        counters: CounterPage::create()?,
-        acked: Mutex::new([0; 6]),
-        changed: Condvar::new(),
-        dead: AtomicBool::new(false),
+        link: UserLink::new()?,
     });
     {
         let mut owner = lock(&shared.owner);
         owner.seq += 1;
         let seq = owner.seq;
+        let link = &conn.link;
+        send_frame(
+            &conn.stream,
+            &link.hello(),
+            Some(link.placement_fd().as_fd()),
+            false,
+        )?;
         for b in &owner.bars {
             let frame = Frame::Bar {
                 bar: b.bar,
                 size: b.size,
                 slot: b.slot,
             };
-            let fds: [RawFd; 2] = [b.fd.as_raw_fd(), conn.counters.fd().as_raw_fd()];
-            let sent = conn.stream.send_with_fds(&[&frame.encode()[..]], &fds)?;
-            if sent != FRAME {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "short write"));
-            }
+            send_frame(&conn.stream, &frame, Some(b.fd.as_fd()), false)?;
+            link.publish(b.bar, b.slot, seq);
             let place = Frame::Place {
                 bar: b.bar,
                 seq,
                 addr: b.addr,
             };
-            (&conn.stream).write_all(&place.encode())?;
+            send_frame(&conn.stream, &place, None, false)?;
         }
         owner.conns.push(Arc::clone(&conn));
     }
     debug!("peer user connected");
     let s = Arc::clone(shared);
     spawn_reader(shared, "peer-owner", move || {
-        read_acks(&conn);
+        let end = loop {
+            let (bytes, fds) = match recv_frame(&conn.stream) {
+                Ok(got) => got,
+                Err(e) => break e.to_string(),
+            };
+            if let Err(e) = conn.link.on_bytes(&bytes, fds) {
+                break e.to_string();
+            }
+        };
+        if !conn.link.is_dead() && !s.stop.load(Ordering::Acquire) {
+            debug!("peer user gone: {end}");
+        }
         conn.kill();
         lock(&s.owner).retire(&conn);
-        debug!("peer user gone");
     });
     Ok(())
-}
-
-fn read_acks(conn: &OwnerConn) {
-    let mut buf = [0u8; FRAME];
-    loop {
-        if (&conn.stream).read_exact(&mut buf).is_err() {
-            return;
-        }
-        match Frame::decode(&buf) {
-            Ok(Frame::Ack { bar, seq }) => {
-                let mut acked = lock(&conn.acked);
-                if let Some(a) = acked.get_mut(bar as usize) {
-                    *a = (*a).max(seq);
-                }
-                drop(acked);
-                conn.changed.notify_all();
-            }
-            Ok(other) => {
-                warn!(
-                    ?other,
-                    "peer user sent something else than an ACK: disconnected"
-                );
-                return;
-            }
-            Err(e) => {
-                warn!("{e}: disconnected");
-                return;
-            }
-        }
-    }
 }
 
 // ----- user side -----
@@ -562,7 +727,20 @@ fn scan_loop(shared: &Arc<Shared>) {
                 if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
                     continue;
                 }
-                if lock(&shared.users).contains_key(&path) {
+                let connected = {
+                    let users = lock(&shared.users);
+                    if users.contains_key(&path) {
+                        continue;
+                    }
+                    users.len()
+                };
+                if connected >= shared.config.max_peers {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    log_limited!(
+                        warn,
+                        peer = %path.display(),
+                        "not connecting to a peer: already connected to {connected} (the most allowed)"
+                    );
                     continue;
                 }
                 connect(shared, path);
@@ -580,6 +758,17 @@ fn connect(shared: &Arc<Shared>, path: PathBuf) {
             return;
         }
     };
+    if !admit(shared, &stream, "owner") {
+        return;
+    }
+    // Our answers are tiny; an owner that stops reading them only stalls
+    // this connection's thread, for this long per frame.
+    if stream
+        .set_write_timeout(Some(shared.config.ack_timeout))
+        .is_err()
+    {
+        return;
+    }
     let Ok(clone) = stream.try_clone() else {
         return;
     };
@@ -587,169 +776,33 @@ fn connect(shared: &Arc<Shared>, path: PathBuf) {
     info!(peer = %path.display(), "connected to peer");
     let s = Arc::clone(shared);
     spawn_reader(shared, "peer-user", move || {
-        let mut owner = OwnerView::default();
-        if let Err(e) = owner.serve(&s.dma, &stream) {
-            if !s.stop.load(Ordering::Acquire) {
-                info!(peer = %path.display(), "peer connection ended: {e}");
+        let mut session = UserSession::new(s.dma.clone());
+        let end = loop {
+            let (bytes, fds) = match recv_frame(&stream) {
+                Ok(got) => got,
+                Err(e) => break e.to_string(),
+            };
+            match session.on_bytes(&bytes, fds) {
+                Ok(Some(reply)) => {
+                    let fd = reply.fd.as_ref().map(|f| f.as_fd());
+                    if let Err(e) = send_frame(&stream, &reply.frame, fd, true) {
+                        break e.to_string();
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    log_limited!(warn, peer = %path.display(), "{e}: disconnected");
+                    break e.to_string();
+                }
             }
+        };
+        if !s.stop.load(Ordering::Acquire) {
+            info!(peer = %path.display(), "peer connection ended: {end}");
         }
-        owner.remove_all(&s.dma);
+        session.close();
         let _ = stream.shutdown(std::net::Shutdown::Both);
         lock(&s.users).remove(&path);
     });
-}
-
-/// One BAR of an owner, as its user sees it.
-struct PeerBar {
-    memory: Arc<PeerMemory>,
-    size: u64,
-    window: Option<LocalWindowId>,
-}
-
-/// What a user knows of one owner.
-#[derive(Default)]
-struct OwnerView {
-    bars: HashMap<u32, PeerBar>,
-}
-
-fn protocol(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-/// Receives one frame and the fds that came with it (at most 2).
-fn recv_frame(stream: &UnixStream) -> io::Result<(Frame, Vec<OwnedFd>)> {
-    let mut buf = [0u8; FRAME];
-    let mut raw: [RawFd; 2] = [-1; 2];
-    let mut iov = [libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: FRAME,
-    }];
-    // SAFETY: the iovec points at `buf`, alive and writable for FRAME bytes.
-    let (bytes, nfds) = unsafe { stream.recv_with_fds(&mut iov, &mut raw) }
-        .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-    let fds: Vec<OwnedFd> = raw[..nfds.min(2)]
-        .iter()
-        // SAFETY: recvmsg just gave us these fds; nobody else owns them.
-        .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
-    if bytes == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed"));
-    }
-    if bytes < FRAME {
-        // A frame split by the stream: its fds came with its first byte.
-        (&*stream).read_exact(&mut buf[bytes..])?;
-    }
-    let frame = Frame::decode(&buf).map_err(|e| protocol(e.to_string()))?;
-    Ok((frame, fds))
-}
-
-impl OwnerView {
-    fn serve(&mut self, dma: &DmaSpace, stream: &UnixStream) -> io::Result<()> {
-        loop {
-            let (frame, fds) = recv_frame(stream)?;
-            match frame {
-                Frame::Bar { bar, size, slot } => self.add_bar(bar, size, slot, fds)?,
-                Frame::Place { bar, seq, addr } => {
-                    if !fds.is_empty() {
-                        return Err(protocol("fds with a PLACE".into()));
-                    }
-                    self.place(dma, bar, addr)?;
-                    (&*stream).write_all(&Frame::Ack { bar, seq }.encode())?;
-                }
-                Frame::Ack { .. } => return Err(protocol("an ACK from an owner".into())),
-            }
-        }
-    }
-
-    fn add_bar(&mut self, bar: u32, size: u64, slot: u64, fds: Vec<OwnedFd>) -> io::Result<()> {
-        let [memory, counters]: [OwnedFd; 2] = fds
-            .try_into()
-            .map_err(|_| protocol("a BAR needs exactly 2 fds".into()))?;
-        if size == 0 || self.bars.contains_key(&bar) || slot >= memory::SLOTS {
-            return Err(protocol(format!(
-                "BAR {bar}: empty, announced twice or bad slot"
-            )));
-        }
-        verify_shared_fd(&memory, size).map_err(|why| protocol(format!("BAR {bar}: {why}")))?;
-        let counters = Arc::new(
-            CounterPage::from_received(counters)
-                .map_err(|why| protocol(format!("counter page: {why}")))?,
-        );
-        let memory = PeerMemory::new(memory, size, counters, slot)
-            .map_err(|why| protocol(format!("BAR {bar}: {why}")))?;
-        self.bars.insert(
-            bar,
-            PeerBar {
-                memory: Arc::new(memory),
-                size,
-                window: None,
-            },
-        );
-        Ok(())
-    }
-
-    /// Applies a placement; returns once no access runs through the old
-    /// one. A placement we cannot take (overlap with our own windows or
-    /// guest RAM) leaves no window: DMA there takes the message path.
-    fn place(&mut self, dma: &DmaSpace, bar: u32, addr: Option<u64>) -> io::Result<()> {
-        let b = self
-            .bars
-            .get_mut(&bar)
-            .ok_or_else(|| protocol(format!("PLACE for unknown BAR {bar}")))?;
-        if let Some(a) = addr {
-            if a.checked_add(b.size).is_none() {
-                return Err(protocol(format!(
-                    "BAR {bar} at {a:#x} wraps the address space"
-                )));
-            }
-        }
-        let drained = |r: Result<bool, DmaError>| match r {
-            Ok(_) => Ok(()),
-            Err(e) => Err(io::Error::new(io::ErrorKind::TimedOut, e.to_string())),
-        };
-        match (b.window, addr) {
-            (Some(id), Some(a)) => {
-                if dma.peer_window(id).is_some_and(|(gpa, _)| gpa == a) {
-                    return Ok(());
-                }
-                match dma.move_peer_window(id, a) {
-                    Ok(()) => {}
-                    Err(DmaError::StillInUse { .. }) => {
-                        b.window = None;
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "accesses still run",
-                        ));
-                    }
-                    Err(e) => {
-                        warn!(bar, addr = a, "peer window refused: {e}");
-                        b.window = None;
-                    }
-                }
-            }
-            (None, Some(a)) => match dma.add_peer_window(a, b.size, b.memory.clone(), 0) {
-                Ok(id) => b.window = Some(id),
-                Err(e) => warn!(bar, addr = a, "peer window refused: {e}"),
-            },
-            (Some(id), None) => {
-                b.window = None;
-                drained(dma.remove_peer_window(id))?;
-            }
-            (None, None) => {}
-        }
-        debug!(bar, ?addr, "peer BAR placed");
-        Ok(())
-    }
-
-    fn remove_all(&mut self, dma: &DmaSpace) {
-        for b in self.bars.values_mut() {
-            if let Some(id) = b.window.take() {
-                if let Err(e) = dma.remove_peer_window(id) {
-                    warn!("peer window removal: {e}");
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,38 +1,81 @@
 //! The memory that travels over a peer socket: a BAR's sealed memfd
-//! (reached with pread/pwrite, never mapped: reads through a mapping
-//! would allocate pages in VRAM's holes) and a small shared counter page
-//! through which users count the bytes they move into and out of the
-//! owner's memory, so the owner's stats show them.
+//! (mapped for writes, read with pread: reads through a mapping would
+//! allocate pages in VRAM's holes) and two small shared pages:
+//!
+//! - the owner's **placement page**: per BAR slot, the sequence number of
+//!   the BAR's current placement. The owner writes it before it sends a
+//!   PLACE, and fills it with [`REVOKED`] when it cuts a user off; a
+//!   user's window serves an access only while the page still holds the
+//!   placement the window was made for, so revocation takes effect at
+//!   once, whether or not the user is listening;
+//! - the user's **counter page**: per slot, the bytes the user moved into
+//!   and out of the owner's BAR, which the owner's stats show.
+//!
+//! Each page is written by exactly one process, the one that made it: it
+//! maps it writable, then seals it with `F_SEAL_FUTURE_WRITE`, so the
+//! other side can only map it read-only (mmap with PROT_WRITE, mprotect
+//! and write(2) all fail) and gets [`ReadOnlyPage`], which has no way to
+//! store. The reader treats every value as hostile: the owner sums
+//! counters in 128 bits, and a counter that goes backwards cuts its
+//! writer off (see `session`).
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use p2plab_vfio_user::fdkind::{fd_kind, FdKind};
 use p2plab_vfio_user::{Access, DmaError, LocalMemory, VolatileSlice};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{FileOffset, VolatileMemory};
 
-/// Bytes of a counter page.
-pub const COUNTER_PAGE: usize = 4096;
-/// Counter slots in a page (one per BAR a function can have).
+/// Bytes of a shared page (placement or counter page).
+pub const PAGE: usize = 4096;
+/// Slots in a page (one per BAR a function can have).
 pub const SLOTS: u64 = 6;
-const SLOT_BYTES: usize = 16;
+/// Words of a page.
+const WORDS: usize = PAGE / 8;
+/// A placement page word meaning "this user is cut off": no window of it
+/// is current any more.
+pub const REVOKED: u64 = u64::MAX;
 
 /// Seals every shared fd must carry: its size can never change, so no
 /// access can fault and no pwrite can grow it.
 pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+/// Seals a shared page also carries: nobody but the process that made
+/// it can write it.
+pub const PAGE_SEALS: i32 = REQUIRED_SEALS | libc::F_SEAL_FUTURE_WRITE;
 
 fn os_error(call: &str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{call}: {e}"))
 }
 
-/// Checks a received fd: a regular file (memfd), sealed against shrinking
-/// and growing, at least `min_size` bytes long. Returns its size.
-pub fn verify_shared_fd(fd: &OwnedFd, min_size: u64) -> Result<u64, String> {
+/// What a received fd must be.
+#[derive(Debug, Clone, Copy)]
+struct FdRule {
+    /// At least this many bytes.
+    min_size: u64,
+    /// At most this many bytes (a page is exactly one).
+    max_size: u64,
+    /// Seals it must carry (all of them).
+    seals: i32,
+    /// Open for reading and writing (else for reading at least).
+    read_write: bool,
+}
+
+/// Checks a received fd against `rule`: a memfd (the kernel's own name
+/// for it, as the vfio-user transport checks DMA_MAP fds), carrying the
+/// seals, of an acceptable size, open for the access we need. Returns
+/// its size.
+fn verify_fd(fd: &OwnedFd, rule: FdRule) -> Result<u64, String> {
+    match fd_kind(fd.as_fd()) {
+        Ok(FdKind::Memfd) => {}
+        Ok(other) => return Err(format!("not a memfd ({other:?})")),
+        Err(e) => return Err(format!("cannot tell what the fd is: {e}")),
+    }
     // SAFETY: `stat` is plain data, for which all-zero is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes into a valid stat struct; `fd` is open.
@@ -40,29 +83,63 @@ pub fn verify_shared_fd(fd: &OwnedFd, min_size: u64) -> Result<u64, String> {
         return Err(format!("fstat: {}", io::Error::last_os_error()));
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err("not a memfd (not a regular file)".into());
+        return Err("not a regular file".into());
     }
     // SAFETY: F_GET_SEALS takes no argument and only reads the fd's state.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
+    if seals < 0 || seals & rule.seals != rule.seals {
         return Err(format!(
-            "not sealed against resizing (seals {seals:#x}, need F_SEAL_SHRINK|F_SEAL_GROW)"
+            "not sealed as required: seals {seals:#x} lack {:#x} (shrink 0x2, grow 0x4, future write 0x10)",
+            rule.seals & !seals.max(0)
         ));
     }
     // SAFETY: F_GETFL takes no argument and only reads the fd's state.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
-        return Err("not open for reading and writing".into());
+    let mode = flags & libc::O_ACCMODE;
+    if flags < 0 || (rule.read_write && mode != libc::O_RDWR) || mode == libc::O_WRONLY {
+        return Err(if rule.read_write {
+            "not open for reading and writing".into()
+        } else {
+            "not open for reading".into()
+        });
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);
-    if size < min_size {
-        return Err(format!("{size} bytes, announced {min_size}"));
+    if size < rule.min_size || size > rule.max_size {
+        return Err(format!(
+            "{size} bytes, expected {}",
+            if rule.min_size == rule.max_size {
+                format!("{}", rule.min_size)
+            } else {
+                format!("at least {}", rule.min_size)
+            }
+        ));
     }
     Ok(size)
 }
 
-/// A new sealed memfd of `size` bytes (test BARs and counter pages).
+/// Checks a received BAR memfd: a memfd sealed against shrinking and
+/// growing, open read-write, at least `min_size` bytes long. Returns its
+/// size.
+pub fn verify_shared_fd(fd: &OwnedFd, min_size: u64) -> Result<u64, String> {
+    verify_fd(
+        fd,
+        FdRule {
+            min_size,
+            max_size: u64::MAX,
+            seals: REQUIRED_SEALS,
+            read_write: true,
+        },
+    )
+}
+
+/// A new sealed memfd of `size` bytes (test BARs).
 pub fn sealed_memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
+    let fd = memfd(name, size)?;
+    add_seals(&fd, REQUIRED_SEALS | libc::F_SEAL_SEAL)?;
+    Ok(fd)
+}
+
+pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     // SAFETY: memfd_create with a valid NUL-terminated name; returns a new
     // fd or -1.
     let raw =
@@ -77,110 +154,182 @@ pub fn sealed_memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(os_error("ftruncate"));
     }
-    let seals = REQUIRED_SEALS | libc::F_SEAL_SEAL;
+    Ok(fd)
+}
+
+pub(crate) fn add_seals(fd: &OwnedFd, seals: i32) -> io::Result<()> {
     // SAFETY: F_ADD_SEALS on our own memfd made with MFD_ALLOW_SEALING.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(os_error("F_ADD_SEALS"));
     }
-    Ok(fd)
+    Ok(())
 }
 
-/// A counter page mapped shared: per slot, bytes peers wrote into and
-/// read from one BAR of the owner.
+/// Maps a page shared, with `prot`.
+fn map_page(fd: &OwnedFd, prot: i32) -> io::Result<*mut u8> {
+    // SAFETY: a new shared mapping of PAGE bytes of a memfd sealed against
+    // shrinking that is exactly that long (checked or made so by the
+    // caller), so accesses never fault; nothing else is placed at the
+    // returned address.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(os_error("mmap of a shared page"));
+    }
+    Ok(ptr.cast())
+}
+
+/// Word `index` of a page mapped at `ptr`.
+///
+/// # Safety
+/// `ptr` must be a live mapping of [`PAGE`] bytes, page aligned, that
+/// outlives the returned reference and is only accessed atomically.
+unsafe fn word<'a>(ptr: *mut u8, index: usize) -> Option<&'a AtomicU64> {
+    if index >= WORDS {
+        return None;
+    }
+    // SAFETY: index * 8 + 8 <= PAGE, 8-byte aligned (the mapping is page
+    // aligned); the caller guarantees the mapping's life and atomic-only
+    // use.
+    Some(unsafe { AtomicU64::from_ptr(ptr.add(index * 8).cast()) })
+}
+
+/// A page this process made and writes; a peer maps it read-only.
 #[derive(Debug)]
-pub struct CounterPage {
+pub struct WritablePage {
     ptr: *mut u8,
     fd: OwnedFd,
 }
 
 // SAFETY: the mapping is only accessed through atomics, from any thread;
 // it stays mapped until drop.
-unsafe impl Send for CounterPage {}
+unsafe impl Send for WritablePage {}
 // SAFETY: as above: shared access is atomic only.
-unsafe impl Sync for CounterPage {}
+unsafe impl Sync for WritablePage {}
 
-impl CounterPage {
-    /// A fresh zeroed page (owner side).
-    pub fn create() -> io::Result<Self> {
-        let fd = sealed_memfd(c"p2plab-peer-counters", COUNTER_PAGE as u64)?;
-        Self::map(fd)
+impl WritablePage {
+    /// A fresh zeroed page, mapped writable here and then sealed so that
+    /// no other mapping of it can ever be writable.
+    pub fn create(name: &std::ffi::CStr) -> io::Result<Self> {
+        let fd = memfd(name, PAGE as u64)?;
+        add_seals(&fd, REQUIRED_SEALS)?;
+        let ptr = map_page(&fd, libc::PROT_READ | libc::PROT_WRITE)?;
+        let page = Self { ptr, fd };
+        // After our writable mapping exists: F_SEAL_FUTURE_WRITE refuses
+        // every later one (and write(2)), ours keeps working.
+        add_seals(&page.fd, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)?;
+        Ok(page)
     }
 
-    /// Maps a received page (user side) after checking it.
-    pub fn from_received(fd: OwnedFd) -> Result<Self, String> {
-        verify_shared_fd(&fd, COUNTER_PAGE as u64)?;
-        Self::map(fd).map_err(|e| e.to_string())
-    }
-
-    fn map(fd: OwnedFd) -> io::Result<Self> {
-        // SAFETY: a new shared mapping of COUNTER_PAGE bytes of a file
-        // sealed against shrinking and at least that long, so accesses
-        // never fault; nothing else is placed at the returned address.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                COUNTER_PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(os_error("mmap of the counter page"));
-        }
-        Ok(Self {
-            ptr: ptr.cast(),
-            fd,
-        })
-    }
-
-    /// The page's fd, to send to a user.
+    /// The page's fd, to send to the peer.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
     }
 
-    fn counter(&self, slot: u64, which: usize) -> Option<&AtomicU64> {
-        if slot >= SLOTS {
-            return None;
-        }
-        let offset = usize::try_from(slot).ok()? * SLOT_BYTES + which * 8;
-        // SAFETY: offset + 8 <= SLOTS * 16 < COUNTER_PAGE, 8-byte aligned
-        // (the mapping is page aligned), and the mapping lives as long as
-        // `self`; all accesses to it are atomic.
-        Some(unsafe { AtomicU64::from_ptr(self.ptr.add(offset).cast()) })
+    fn word(&self, index: usize) -> Option<&AtomicU64> {
+        // SAFETY: `ptr` is our PAGE-byte mapping, alive as long as `self`
+        // and accessed atomically only.
+        unsafe { word(self.ptr, index) }
     }
 
-    /// Counts `written` and `read` bytes for `slot`.
-    pub fn add(&self, slot: u64, written: u64, read: u64) {
-        if let Some(c) = self.counter(slot, 0) {
-            c.fetch_add(written, Ordering::Relaxed);
-        }
-        if let Some(c) = self.counter(slot, 1) {
-            c.fetch_add(read, Ordering::Relaxed);
+    /// Word `index` (0 past the page).
+    pub fn load(&self, index: usize) -> u64 {
+        self.word(index).map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Sets word `index` (ignored past the page).
+    pub fn store(&self, index: usize, value: u64) {
+        if let Some(w) = self.word(index) {
+            w.store(value, Ordering::Release);
         }
     }
 
-    /// (written, read) bytes of `slot` so far.
-    pub fn get(&self, slot: u64) -> (u64, u64) {
-        let load = |which| {
-            self.counter(slot, which)
-                .map_or(0, |c| c.load(Ordering::Relaxed))
-        };
-        (load(0), load(1))
+    /// Adds to word `index`, wrapping (a count of our own).
+    pub fn add(&self, index: usize, value: u64) {
+        if let Some(w) = self.word(index) {
+            w.fetch_add(value, Ordering::Relaxed);
+        }
     }
 }
 
-impl Drop for CounterPage {
+impl Drop for WritablePage {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `map`; no reference
-        // into it outlives `self`.
-        unsafe { libc::munmap(self.ptr.cast(), COUNTER_PAGE) };
+        // SAFETY: unmaps exactly the mapping made in `create`; no
+        // reference into it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), PAGE) };
     }
 }
 
-/// A peer's BAR memory as a DMA window on its sealed memfd, counted in the
-/// owner's counter page.
+/// A page a peer made and writes, mapped read-only here. Every value in
+/// it may be anything at any time.
+#[derive(Debug)]
+pub struct ReadOnlyPage {
+    ptr: *mut u8,
+    _fd: OwnedFd,
+}
+
+// SAFETY: the mapping is only read, through atomics, from any thread; it
+// stays mapped until drop.
+unsafe impl Send for ReadOnlyPage {}
+// SAFETY: as above.
+unsafe impl Sync for ReadOnlyPage {}
+
+impl ReadOnlyPage {
+    /// Maps a received page after checking it: a memfd of exactly one
+    /// page, sealed against resizing and against writes by anyone but
+    /// its maker.
+    pub fn from_received(fd: OwnedFd) -> Result<Self, String> {
+        verify_fd(
+            &fd,
+            FdRule {
+                min_size: PAGE as u64,
+                max_size: PAGE as u64,
+                seals: PAGE_SEALS,
+                read_write: false,
+            },
+        )?;
+        let ptr = map_page(&fd, libc::PROT_READ).map_err(|e| e.to_string())?;
+        Ok(Self { ptr, _fd: fd })
+    }
+
+    /// Word `index` (0 past the page): whatever the peer put there.
+    pub fn load(&self, index: usize) -> u64 {
+        // SAFETY: `ptr` is our PAGE-byte read-only mapping, alive as long
+        // as `self`; the reference is only loaded from (an aligned 8-byte
+        // load, which a read-only mapping allows).
+        unsafe { word(self.ptr, index) }.map_or(0, |w| w.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for ReadOnlyPage {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `from_received`; no
+        // reference into it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), PAGE) };
+    }
+}
+
+/// Word of slot `slot`'s placement in a placement page.
+pub fn placement_word(slot: u64) -> usize {
+    usize::try_from(slot).unwrap_or(WORDS)
+}
+
+/// Words of slot `slot`'s (written, read) counters in a counter page.
+pub fn counter_words(slot: u64) -> (usize, usize) {
+    let base = usize::try_from(slot).unwrap_or(WORDS).saturating_mul(2);
+    (base, base.saturating_add(1))
+}
+
+/// A peer's BAR memory as a DMA window on its sealed memfd, counted in
+/// our counter page and valid while the owner's placement page says so.
 ///
 /// Writes are copies into a shared mapping of the memfd: one memcpy, as a
 /// write into mmapped guest RAM is (pwrite adds a syscall and a page-cache
@@ -193,14 +342,29 @@ pub struct PeerMemory {
     /// shrinking (checked on receipt), so no access inside can fault.
     mapping: MmapRegion,
     size: u64,
-    counters: Arc<CounterPage>,
+    counters: Arc<WritablePage>,
+    placements: Arc<ReadOnlyPage>,
     slot: u64,
+    /// The placement (PLACE sequence number) our window was last set up
+    /// for; 0 before the first.
+    applied: AtomicU64,
 }
 
 impl PeerMemory {
     /// Wraps a verified memfd of `size` bytes (sealed against shrinking,
-    /// at least `size` long).
-    pub fn new(fd: OwnedFd, size: u64, counters: Arc<CounterPage>, slot: u64) -> io::Result<Self> {
+    /// at least `size` long), counting into slot `slot` of `counters` and
+    /// current while slot `slot` of `placements` holds the placement set
+    /// with [`set_applied`](Self::set_applied).
+    pub fn new(
+        fd: OwnedFd,
+        size: u64,
+        counters: Arc<WritablePage>,
+        placements: Arc<ReadOnlyPage>,
+        slot: u64,
+    ) -> io::Result<Self> {
+        if slot >= SLOTS {
+            return Err(io::Error::other(format!("slot {slot} (at most {SLOTS})")));
+        }
         let file = Arc::new(File::from(fd));
         let len = usize::try_from(size)
             .map_err(|_| io::Error::other(format!("{size} bytes cannot be mapped here")))?;
@@ -216,8 +380,21 @@ impl PeerMemory {
             mapping,
             size,
             counters,
+            placements,
             slot,
+            applied: AtomicU64::new(0),
         })
+    }
+
+    /// Our window now sits where PLACE `seq` put it.
+    pub fn set_applied(&self, seq: u64) {
+        self.applied.store(seq, Ordering::Release);
+    }
+
+    fn count(&self, written: u64, read: u64) {
+        let (w, r) = counter_words(self.slot);
+        self.counters.add(w, written);
+        self.counters.add(r, read);
     }
 
     /// Whether every page of `[offset, offset+len)` of the memfd is in
@@ -267,7 +444,7 @@ impl LocalMemory for PeerMemory {
         self.file
             .read_exact_at(buf, offset)
             .map_err(|e| DmaError::Io(format!("pread of peer memory: {e}")))?;
-        self.counters.add(self.slot, 0, buf.len() as u64);
+        self.count(0, buf.len() as u64);
         Ok(())
     }
 
@@ -287,9 +464,9 @@ impl LocalMemory for PeerMemory {
     fn note_direct(&self, len: usize, access: Access) {
         let len = len as u64;
         match access {
-            Access::Write => self.counters.add(self.slot, len, 0),
-            Access::Read => self.counters.add(self.slot, 0, len),
-            Access::ReadWrite => self.counters.add(self.slot, len, len),
+            Access::Write => self.count(len, 0),
+            Access::Read => self.count(0, len),
+            Access::ReadWrite => self.count(len, len),
         }
     }
 
@@ -305,7 +482,16 @@ impl LocalMemory for PeerMemory {
             .subslice(start, data.len())
             .map_err(|e| DmaError::Io(format!("peer memory mapping: {e}")))?
             .copy_from(data);
-        self.counters.add(self.slot, data.len() as u64, 0);
+        self.count(data.len() as u64, 0);
         Ok(())
+    }
+
+    /// Current while the owner's page still holds the placement our
+    /// window was set up for (not before the first, never once revoked).
+    fn is_current(&self) -> bool {
+        let applied = self.applied.load(Ordering::Acquire);
+        applied != 0
+            && applied != REVOKED
+            && self.placements.load(placement_word(self.slot)) == applied
     }
 }

@@ -1,17 +1,24 @@
 //! The peer socket's messages: fixed 32-byte little-endian frames.
 //!
 //! ```text
-//! offset 0  u32 kind   1 = BAR (owner -> user, 2 fds: memory, counter page)
-//!                      2 = PLACE (owner -> user), 3 = ACK (user -> owner)
-//! offset 4  u32 bar    BAR index (0..=5)
-//! offset 8  u64 a      BAR: size in bytes; PLACE and ACK: sequence number
+//! offset 0  u32 kind   1 = BAR    (owner -> user, 1 fd: the BAR's memfd)
+//!                      2 = PLACE  (owner -> user)
+//!                      3 = ACK    (user -> owner)
+//!                      4 = HELLO  (owner -> user, 1 fd: placement page)
+//!                      5 = COUNTERS (user -> owner, 1 fd: counter page)
+//! offset 4  u32 bar    BAR index (0..=5); 0 for HELLO and COUNTERS
+//! offset 8  u64 a      BAR: size in bytes; PLACE and ACK: sequence number;
+//!                      HELLO and COUNTERS: protocol version
 //! offset 16 u64 b      PLACE: bus address, or NOT_DECODING; else 0
-//! offset 24 u64 c      BAR: counter slot; else 0
+//! offset 24 u64 c      BAR: slot (in both pages); else 0
 //! ```
 //!
-//! Each side checks every field; a frame it cannot accept ends the
-//! connection (the user then loses the owner's windows, which is safe: DMA
-//! falls back to the message path).
+//! A connection runs: owner HELLO, then per BAR a BAR and a PLACE; the
+//! user answers HELLO with COUNTERS and every PLACE with an ACK; later
+//! PLACEs follow the guest's BAR changes. Each side checks every field
+//! and every fd; a frame it cannot accept ends the connection (the user
+//! then loses the owner's windows, which is safe: DMA falls back to the
+//! message path).
 
 /// Bytes in every frame.
 pub const FRAME: usize = 32;
@@ -19,12 +26,16 @@ pub const FRAME: usize = 32;
 pub const NOT_DECODING: u64 = u64::MAX;
 /// Highest BAR index of a PCI function.
 pub const MAX_BAR: u32 = 5;
+/// The protocol HELLO and COUNTERS carry; a peer speaking another is
+/// refused (servers of one run come from one build).
+pub const VERSION: u64 = 2;
 
 /// One message on a peer socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame {
-    /// The owner shares BAR `bar` (`size` bytes) and counts peer traffic
-    /// into it in slot `slot` of the counter page (both fds ride along).
+    /// The owner shares BAR `bar` (`size` bytes; its memfd rides along).
+    /// `slot` is the BAR's word in the placement page and its counters
+    /// in the counter page.
     Bar {
         /// BAR index.
         bar: u32,
@@ -49,6 +60,18 @@ pub enum Frame {
         bar: u32,
         /// The PLACE's sequence number.
         seq: u64,
+    },
+    /// First frame of an owner; its placement page rides along (sealed
+    /// against writes by anyone but the owner).
+    Hello {
+        /// Protocol version ([`VERSION`]).
+        version: u64,
+    },
+    /// The user's answer to HELLO; its counter page rides along (sealed
+    /// against writes by anyone but the user).
+    Counters {
+        /// Protocol version ([`VERSION`]).
+        version: u64,
     },
 }
 
@@ -81,6 +104,8 @@ impl Frame {
             Frame::Bar { bar, size, slot } => (1u32, bar, size, 0, slot),
             Frame::Place { bar, seq, addr } => (2, bar, seq, addr.unwrap_or(NOT_DECODING), 0),
             Frame::Ack { bar, seq } => (3, bar, seq, 0, 0),
+            Frame::Hello { version } => (4, 0, version, 0, 0),
+            Frame::Counters { version } => (5, 0, version, 0, 0),
         };
         let mut out = [0u8; FRAME];
         out[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -113,8 +138,10 @@ impl Frame {
                 addr: (b != NOT_DECODING).then_some(b),
             }),
             3 if b == 0 && c == 0 => Ok(Frame::Ack { bar, seq: a }),
-            1..=3 => Err(BadFrame(format!(
-                "kind {kind} with a non-zero unused field"
+            4 if bar == 0 && b == 0 && c == 0 => Ok(Frame::Hello { version: a }),
+            5 if bar == 0 && b == 0 && c == 0 => Ok(Frame::Counters { version: a }),
+            1..=5 => Err(BadFrame(format!(
+                "kind {kind} with a non-zero unused field or BAR index"
             ))),
             _ => Err(BadFrame(format!("unknown kind {kind}"))),
         }
@@ -126,7 +153,8 @@ mod tests {
     use super::*;
 
     /// Catches an encoder and decoder that disagree, or a decoder that
-    /// lets through an unknown kind, a BAR index past 5 or stray bytes.
+    /// lets through an unknown kind, a BAR index past 5 (or any on a
+    /// HELLO) or stray bytes.
     #[test]
     fn frames_round_trip_and_bad_ones_are_refused() {
         for f in [
@@ -146,6 +174,8 @@ mod tests {
                 addr: None,
             },
             Frame::Ack { bar: 0, seq: 9 },
+            Frame::Hello { version: VERSION },
+            Frame::Counters { version: VERSION },
         ] {
             assert_eq!(Frame::decode(&f.encode()), Ok(f));
         }
@@ -158,5 +188,8 @@ mod tests {
         let mut bad = Frame::Ack { bar: 0, seq: 1 }.encode();
         bad[20] = 1;
         assert!(Frame::decode(&bad).is_err());
+        let mut bad = Frame::Hello { version: VERSION }.encode();
+        bad[4] = 1;
+        assert!(Frame::decode(&bad).is_err(), "HELLO names no BAR");
     }
 }

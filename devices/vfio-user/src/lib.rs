@@ -76,6 +76,9 @@ pub use guest_memory::{fault_kind, SharedRegion};
 pub use server::{Server, ShutdownHandle};
 pub use session::ConnectionEnd;
 pub use shm::SharedMemory;
+/// recvmsg with SCM_RIGHTS that accounts for every byte and fd (the peer
+/// registry's sockets use it too).
+pub use socket::{recv_with_fds, Received};
 
 /// VFIO ABI constants and structs (region/irq flags, PCI region indexes),
 /// re-exported so device crates need no extra dependency.

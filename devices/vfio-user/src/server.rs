@@ -352,7 +352,7 @@ pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
 /// The socket's inode gets `mode` before bind, so the file is never wider
 /// than asked even for an instant (bind still applies the umask); a chmod
 /// after bind then sets exactly `mode`.
-fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+pub fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: `sockaddr_un` is plain data, for which all-zero is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };

@@ -32,14 +32,19 @@ impl DmaSpace {
                     gpa: cur,
                     len: end - cur,
                 })?;
-                chunks.push(Chunk::Local {
-                    window: Arc::clone(w),
-                    offset: w.mem_offset + (cur - w.gpa),
-                    len: (stop - cur) as usize,
-                    _use: window_use,
-                });
-                cur = stop;
-                continue;
+                // Checked after entering: a revocation that this check
+                // misses waits for the use to end (see `is_current`).
+                if w.memory.is_current() {
+                    chunks.push(Chunk::Local {
+                        window: Arc::clone(w),
+                        offset: w.mem_offset + (cur - w.gpa),
+                        len: (stop - cur) as usize,
+                        _use: window_use,
+                    });
+                    cur = stop;
+                    continue;
+                }
+                // Revoked by its owner: served as if it were not there.
             }
             // A client range, cut where the next window begins.
             let next_window = map
@@ -120,7 +125,8 @@ impl DmaSpace {
         let mut kind: Option<DmaTarget> = None;
         let mut cur = gpa;
         while cur < end {
-            let (this, stop) = if let Some(w) = Self::window_at(&map, cur) {
+            let live = Self::window_at(&map, cur).filter(|w| w.memory.is_current());
+            let (this, stop) = if let Some(w) = live {
                 if w.peer {
                     (DmaTarget::Peer(w.id), w.gpa + w.len)
                 } else {

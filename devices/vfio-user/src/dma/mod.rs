@@ -10,10 +10,15 @@
 //!   message, and taking precedence over client ranges;
 //! - peer windows: another p2plab server's BAR memory (a sealed memfd it
 //!   shared with us) at the bus address the guest gave that BAR. Served
-//!   like local windows, but counted apart (`peer`), refused where they
-//!   would overlap guest RAM, and moved or removed only once the accesses
-//!   running through them have finished (the owner waits for that before
-//!   it lets the guest's BAR change complete).
+//!   like local windows, but counted apart (`peer`), and moved or removed
+//!   only once the accesses running through them have finished (the
+//!   owner waits for that, for a bounded time, before it lets the guest's
+//!   BAR change complete). Guest RAM wins in both orders: a peer window
+//!   over an fd-backed client range is refused, and such a range mapped
+//!   over a peer window removes the window. A window whose memory says it
+//!   is no longer current ([`LocalMemory::is_current`]: its owner revoked
+//!   the placement) is skipped by every access, so an owner never depends
+//!   on its user's promptness for new accesses to stop.
 //!
 //! [`DmaSpace`] is a cheap `Arc` handle: clone it into device threads.
 

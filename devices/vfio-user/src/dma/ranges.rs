@@ -3,7 +3,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::backing::Backing;
 use super::{
@@ -61,6 +61,9 @@ impl DmaSpace {
                 return Err(DmaError::Overlap { gpa, len });
             }
         }
+        if !matches!(backing, Backing::Message) {
+            Self::evict_peer_windows(&mut map, gpa, end);
+        }
         debug!(
             gpa,
             len,
@@ -84,6 +87,34 @@ impl DmaSpace {
             }),
         );
         Ok(())
+    }
+
+    /// Guest RAM wins over peer windows in both orders: a placement over
+    /// it is refused ([`add_peer_window`](Self::add_peer_window)), and a
+    /// DMA_MAP with an fd over a peer window removes the window (it stays
+    /// gone until its owner places the BAR again, which is checked anew).
+    /// Accesses already running through it finish in the peer's memory,
+    /// never in the RAM: they are not waited for, since none of them
+    /// touches what the client just mapped.
+    fn evict_peer_windows(map: &mut AddressMap, gpa: u64, end: u64) {
+        let clashing: Vec<u64> = map
+            .windows
+            .values()
+            .filter(|w| w.peer && w.gpa < end && gpa < w.gpa.saturating_add(w.len))
+            .map(|w| w.gpa)
+            .collect();
+        for key in clashing {
+            if let Some(w) = map.windows.remove(&key) {
+                w.users.remove();
+                warn!(
+                    window_gpa = w.gpa,
+                    window_len = w.len,
+                    ram_gpa = gpa,
+                    ram_end = end,
+                    "guest RAM mapped over a peer window: the window is removed"
+                );
+            }
+        }
     }
 
     /// Removes every client range inside `[gpa, gpa+len)`. Fails, removing
@@ -351,9 +382,18 @@ impl DmaSpace {
 
     /// Moves a peer window to `new_gpa`, returning once no access runs
     /// through the old placement any more (as
-    /// [`remove_peer_window`](Self::remove_peer_window)). If the new
-    /// placement is refused (overlap), the window is gone and the error
-    /// says why: accesses there then take the message path.
+    /// [`remove_peer_window`](Self::remove_peer_window)). On any error the
+    /// window is gone from both places and the caller forgets its id:
+    /// - the new placement is refused (overlap): the error says why;
+    ///   accesses there then take the message path;
+    /// - an access through the old placement still runs after
+    ///   [`timeout`](Self::timeout) ([`DmaError::StillInUse`]): the window
+    ///   is removed at the new place too, so nothing is left behind that
+    ///   nobody owns (a window its user forgot would send DMA into a dead
+    ///   peer's memory and refuse that peer's next placement).
+    ///
+    /// [`DmaError::UnknownWindow`]: no such window (a DMA_MAP over guest
+    /// RAM removed it); add it anew.
     pub fn move_peer_window(&self, id: LocalWindowId, new_gpa: u64) -> Result<(), DmaError> {
         let (old, placed) = {
             let mut map = self.map_mut();
@@ -389,7 +429,23 @@ impl DmaSpace {
             ok = placed.is_ok(),
             "peer window moved"
         );
-        self.drain_window(&old)?;
+        if let Err(busy) = self.drain_window(&old) {
+            if placed.is_ok() {
+                let mut map = self.map_mut();
+                if map.windows.get(&new_gpa).is_some_and(|w| w.id == id) {
+                    if let Some(w) = map.windows.remove(&new_gpa) {
+                        w.users.remove();
+                    }
+                }
+            }
+            warn!(
+                from = old.gpa,
+                to = new_gpa,
+                window = id.0,
+                "peer window move timed out on an access in flight: window removed"
+            );
+            return Err(busy);
+        }
         placed
     }
 

@@ -813,3 +813,181 @@ fn scatter_gather_zero_copy_is_all_or_nothing() {
         Err(DmaError::Unmapped { .. })
     ));
 }
+
+// ----- peer windows against guest RAM, revocation, moves that time out -----
+
+/// Peer memory whose owner can revoke it (as the placement page does).
+struct Revocable {
+    memory: Arc<SharedMemory>,
+    current: std::sync::atomic::AtomicBool,
+}
+
+impl Revocable {
+    fn new(size: u64) -> Arc<Self> {
+        Arc::new(Self {
+            memory: guest_ram(size),
+            current: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+}
+
+impl LocalMemory for Revocable {
+    fn size(&self) -> u64 {
+        LocalMemory::size(&*self.memory)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        LocalMemory::read_at(&*self.memory, offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DmaError> {
+        LocalMemory::write_at(&*self.memory, offset, data)
+    }
+    fn direct_slice(
+        &self,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Option<vm_memory::VolatileSlice<'_>> {
+        self.memory.direct_slice(offset, len, access)
+    }
+    fn is_current(&self) -> bool {
+        self.current.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Catches a DMA_MAP with an fd that lands over a placed peer window and
+/// leaves the window in front of the new guest RAM (DMA meant for RAM
+/// would go into another server's BAR), a DMA_MAP over a window that is
+/// refused (QEMU's memory map would break), and a fd-less DMA_MAP (what
+/// QEMU sends for the peer BAR itself) that removes the window.
+#[test]
+fn guest_ram_mapped_over_a_peer_window_removes_the_window() {
+    let dma = DmaSpace::new();
+    let peer = Revocable::new(0x4000);
+    dma.map_message_only(0x10_0000, 0x4000, Perms::READ_WRITE)
+        .unwrap();
+    let id = dma
+        .add_peer_window(0x10_0000, 0x4000, peer.clone(), 0)
+        .unwrap();
+    assert_eq!(dma.classify(0x10_0000, 0x4000), DmaTarget::Peer(id));
+
+    let ram = guest_ram(MIB);
+    // The fd-less range sits there: RAM next to it, overlapping the window.
+    map_ram(&dma, &ram, 0x10_4000, 0x1000, Perms::READ_WRITE, 0);
+    assert_eq!(
+        dma.peer_windows(),
+        vec![(0x10_0000, 0x4000)],
+        "no overlap yet"
+    );
+    dma.unmap(0x10_0000, 0x4000).unwrap();
+    map_ram(&dma, &ram, 0x10_2000, 0x2000, Perms::READ_WRITE, 0x2000);
+    assert_eq!(dma.peer_windows(), vec![], "RAM wins: the window is gone");
+    assert_eq!(dma.peer_window(id), None);
+    assert_eq!(dma.classify(0x10_2000, 0x2000), DmaTarget::GuestMemory);
+    dma.write(0x10_2000, b"to RAM").unwrap();
+    let mut in_ram = [0u8; 6];
+    ram.read_at(0x2000, &mut in_ram).unwrap();
+    assert_eq!(&in_ram, b"to RAM");
+    let mut in_peer = [0u8; 6];
+    peer.memory.read_at(0x2000, &mut in_peer).unwrap();
+    assert_eq!(in_peer, [0; 6], "nothing reached the peer");
+    assert!(
+        dma.write(0x10_0000, b"x").is_err(),
+        "below the RAM: nothing"
+    );
+    assert_eq!(
+        dma.move_peer_window(id, 0x20_0000),
+        Err(DmaError::UnknownWindow),
+        "the user adds it anew at the next placement"
+    );
+    // The other order: a placement over RAM is refused.
+    assert!(matches!(
+        dma.add_peer_window(0x10_3000, 0x4000, peer.clone(), 0),
+        Err(DmaError::Overlap { .. })
+    ));
+    let id = dma
+        .add_peer_window(0x20_0000, 0x4000, peer.clone(), 0)
+        .unwrap();
+    assert!(matches!(
+        dma.move_peer_window(id, 0x10_1000),
+        Err(DmaError::Overlap { .. })
+    ));
+    assert_eq!(dma.peer_windows(), vec![], "a refused move leaves nothing");
+}
+
+/// Catches a peer window that keeps serving after its owner revoked it
+/// (moved the BAR, cut us off) but before its user applied that: DMA
+/// would land in memory no longer at that address.
+#[test]
+fn a_revoked_peer_window_is_skipped_for_the_range_below() {
+    let dma = DmaSpace::new();
+    let peer = Revocable::new(0x2000);
+    dma.map_message_only(0x10_0000, 0x2000, Perms::READ_WRITE)
+        .unwrap();
+    let id = dma
+        .add_peer_window(0x10_0000, 0x2000, peer.clone(), 0)
+        .unwrap();
+    dma.write(0x10_0000, b"live").unwrap();
+    peer.current
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(dma.classify(0x10_0000, 0x2000), DmaTarget::MessageOnly);
+    assert_eq!(
+        dma.write(0x10_0000, b"gone"),
+        Err(DmaError::NotConnected),
+        "the message path below (no client here)"
+    );
+    assert_eq!(
+        dma.with_slices(&[(0x10_0000, 4)], Access::Write, |_| ())
+            .unwrap(),
+        None,
+        "no zero-copy slice of revoked memory"
+    );
+    let mut seen = [0u8; 4];
+    peer.memory.read_at(0, &mut seen).unwrap();
+    assert_eq!(&seen, b"live");
+    assert_eq!(dma.stats().peer.write_bytes, 4);
+    dma.unmap(0x10_0000, 0x2000).unwrap();
+    assert_eq!(dma.classify(0x10_0000, 1), DmaTarget::Unmapped);
+    assert!(matches!(
+        dma.read(0x10_0000, &mut seen),
+        Err(DmaError::Unmapped { .. })
+    ));
+    peer.current
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(dma.classify(0x10_0000, 1), DmaTarget::Peer(id));
+}
+
+/// Catches a window move that times out on an access in flight and
+/// leaves the window at its new place with nobody owning it (DMA there
+/// would reach a dead peer's memory, and that peer's next placement would
+/// be refused as an overlap).
+#[test]
+fn a_peer_window_move_that_times_out_leaves_no_window() {
+    let dma = DmaSpace::with_timeout(std::time::Duration::from_millis(100));
+    let peer = Revocable::new(0x2000);
+    let id = dma
+        .add_peer_window(0x10_0000, 0x2000, peer.clone(), 0)
+        .unwrap();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let stuck = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.with_slices(&[(0x10_0000, 16)], Access::Write, |_| {
+                entered_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            })
+        })
+    };
+    entered.recv().unwrap();
+    assert!(matches!(
+        dma.move_peer_window(id, 0x20_0000),
+        Err(DmaError::StillInUse { .. })
+    ));
+    assert_eq!(dma.peer_windows(), vec![], "neither place keeps it");
+    assert_eq!(dma.classify(0x20_0000, 1), DmaTarget::Unmapped);
+    // A restarted owner's placement there is taken.
+    let again = dma.add_peer_window(0x20_0000, 0x2000, peer.clone(), 0);
+    assert!(again.is_ok(), "{again:?}");
+    release.send(()).unwrap();
+    assert_eq!(stuck.join().unwrap(), Ok(Some(())));
+}

@@ -252,6 +252,17 @@ pub trait LocalMemory: Send + Sync {
     fn note_direct(&self, len: usize, access: Access) {
         let _ = (len, access);
     }
+    /// Whether a window onto this memory may still serve accesses where it
+    /// sits. A peer's memory says no as soon as its owner revoked the
+    /// placement (moved the BAR, turned decode off, cut us off), even
+    /// before we applied that: accesses then skip the window and are
+    /// served by whatever lies below it (QEMU's message-only range for the
+    /// BAR, or nothing), never by stale memory. Checked once per access,
+    /// after the access entered the window, so a revocation either sees
+    /// the access (and waits for it) or the access sees the revocation.
+    fn is_current(&self) -> bool {
+        true
+    }
 }
 
 /// Byte and operation counts for one path.
