@@ -869,3 +869,61 @@ fn the_error_state_flushes_posted_receives() {
     let q = b.driver.admin(3, 0, &p);
     assert_eq!(u32_at(&q.entry, 8), 6, "QUERY_QP says ERR");
 }
+
+/// Catches: a trace that does not name admin opcodes, features, QP types,
+/// WQE operations and completion statuses as the driver's headers do, or
+/// loses the fields a developer reads.
+#[test]
+fn the_trace_names_opcodes_and_fields_as_the_headers_do() {
+    let dir = std::env::temp_dir().join(format!("p2plab-efa-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("efa0.trace.jsonl");
+    let guest = Guest::new();
+    let (la, lb) = p2plab_efa::ChannelLink::pair();
+    let options = EfaOptions { keep_alive: None };
+    let a = Driver::new(&guest, attrs(1), Arc::new(la), options);
+    let tracer = a.control();
+    tracer.trace().configure(&path, "efa0");
+    tracer.trace().enable().unwrap();
+    let b = Driver::new(&guest, attrs(2), Arc::new(lb), options);
+    let mut a = Side::new(a, SRD, gid(2));
+    let mut b = Side::new(b, SRD, gid(1));
+    let (rx_buf, rx_key) = b.buffer(4096, LOCAL_WRITE);
+    b.driver.post_recv(&mut b.qp, 1, rx_buf, 100, rx_key);
+    let b_qp = b.qp.num;
+    a.driver
+        .post_send(&mut a.qp, wqe::send_inline(3, b_qp, a.ah, QKEY, b"traced"));
+    a.driver.wait_cqe(&mut a.send_cq);
+    assert_eq!(a.driver.admin(99, 0, &[]).status, 2);
+    tracer.trace().disable();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let events = p2plab_trace::parse_lines(&text).unwrap();
+    let named = |kind: &str, name: &str| {
+        events
+            .iter()
+            .find(|e| e["kind"] == kind && e["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the trace"))
+            .clone()
+    };
+    let create = named("admin", "CREATE_QP");
+    assert_eq!(create["qp_type"], "SRD");
+    assert_eq!(create["status"], "SUCCESS");
+    assert_eq!(create["send_queue_ring_size"], 128 * 64);
+    assert!(create["dur_ns"].is_u64());
+    assert_eq!(named("admin", "GET_FEATURE")["feature_id"], "DEVICE_ATTR");
+    let modify = named("admin", "MODIFY_QP");
+    assert_eq!(modify["qp_state"], "INIT");
+    assert_eq!(named("admin", "UNKNOWN(99)")["status"], "BAD_OPCODE");
+    let send = named("wqe", "SEND");
+    assert_eq!(
+        (send["req_id"].as_u64(), send["dest_qp_num"].as_u64()),
+        (Some(3), Some(u64::from(b_qp)))
+    );
+    assert_eq!(send["data"]["inline_msg"], true);
+    let cqe = named("cqe", "send OK");
+    assert_eq!(
+        (cqe["q_type"].as_str(), cqe["op_type"].as_str()),
+        (Some("SEND_QUEUE"), Some("SEND"))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
