@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use p2plab_fault::LbaRange;
+use crate::fault::LbaRange;
 
 use crate::command::{Command, Completion};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer};

@@ -3,7 +3,7 @@
 //! function here runs only while tracing is on: callers pass them as the
 //! closure of [`Tracer::record`](p2plab_trace::Tracer::record).
 
-use p2plab_fault::Decision;
+use crate::fault::Decision;
 use p2plab_trace::hex;
 use serde_json::{json, Map, Value};
 

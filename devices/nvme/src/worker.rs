@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_fault::{CommandInfo, Decision};
+use crate::fault::{CommandInfo, Decision};
 use tracing::{debug, info};
 
 use crate::admin::{self, ADMIN_COMMANDS};
