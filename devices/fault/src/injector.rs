@@ -54,8 +54,8 @@ impl fmt::Display for ArmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} injections that can still fire are armed, the most this device keeps; \
-             clear them first",
+            "{} injections that can still fire are armed already, the most one device \
+             keeps (`clear` disarms them)",
             self.cap
         )
     }
