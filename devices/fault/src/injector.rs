@@ -168,9 +168,7 @@ impl<A: Vocabulary> Injector<A> {
 
     /// Whether an armed spec that `applies` can still fire.
     pub fn can_fire(&self, applies: impl Fn(&Spec<A>) -> bool) -> bool {
-        self.armed
-            .iter()
-            .any(|a| !a.is_spent() && applies(&a.spec))
+        self.armed.iter().any(|a| !a.is_spent() && applies(&a.spec))
     }
 
     /// Fires every armed spec that `applies` to one command, in the order
@@ -355,11 +353,17 @@ mod tests {
         let a = inj.arm(toy("break")).unwrap();
         let b = inj.arm(toy("wait=3")).unwrap();
         assert_ne!(a, b);
-        assert_eq!(inj.disarm(a).map(|s| s.action), Some(Toy::Break { loud: false }));
+        assert_eq!(
+            inj.disarm(a).map(|s| s.action),
+            Some(Toy::Break { loud: false })
+        );
         assert_eq!(inj.disarm(a), None);
         let c = inj.arm(toy("once")).unwrap();
         assert!(c > b, "IDs are never reused");
-        assert_eq!(inj.fire_first(|_| true).map(|s| s.action), Some(Toy::Wait(3)));
+        assert_eq!(
+            inj.fire_first(|_| true).map(|s| s.action),
+            Some(Toy::Wait(3))
+        );
         assert_eq!(inj.armed()[1].fired, 0, "only the first fired");
         inj.clear();
         assert!(inj.is_idle() && inj.report().is_empty());
@@ -404,14 +408,24 @@ mod tests {
         }
         // 10k commands against a full list: well under a microsecond each
         // on any machine this runs on (debug build included).
-        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
 
         let shared = Shared::new(Injector::<Toy>::default());
         assert!(!shared.is_armed());
-        assert_eq!(shared.when_armed(|_| unreachable!("idle takes no lock")), None::<()>);
+        assert_eq!(
+            shared.when_armed(|_| unreachable!("idle takes no lock")),
+            None::<()>
+        );
         shared.with(|inj| inj.arm(toy("once")).unwrap());
         assert!(shared.is_armed());
-        assert_eq!(shared.when_armed(|inj| inj.fire_first(|_| true).is_some()), Some(true));
+        assert_eq!(
+            shared.when_armed(|inj| inj.fire_first(|_| true).is_some()),
+            Some(true)
+        );
         assert!(!shared.is_armed(), "the spent spec left nothing armed");
     }
 }

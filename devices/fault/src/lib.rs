@@ -23,8 +23,8 @@ mod opcode;
 mod spec;
 
 pub use grammar::{
-    format_duration, parse_duration, parse_number, parse_probability, parse_range, Item,
-    SpecError, MAX_DURATION,
+    format_duration, parse_duration, parse_number, parse_probability, parse_range, Item, SpecError,
+    MAX_DURATION,
 };
 pub use injector::{ArmError, Armed, ArmedReport, Dice, Idle, Injector, Shared};
 pub use opcode::{is_spec_name, opcode_text, parse_opcode, spec_name, OpcodeNames};
@@ -46,7 +46,11 @@ mod tests {
             let text = std::fs::read_to_string(&path).unwrap();
             files += 1;
             // Spelled in pieces, so that this test does not find itself.
-            let tables = [["str, ", "u8)"], ["(u8, &'static ", "str)"], ["(u8, ", "&str)"]];
+            let tables = [
+                ["str, ", "u8)"],
+                ["(u8, &'static ", "str)"],
+                ["(u8, ", "&str)"],
+            ];
             for table in tables.map(|pieces| pieces.concat()) {
                 assert!(
                     !text.contains(&table),

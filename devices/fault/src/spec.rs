@@ -22,9 +22,7 @@ use crate::grammar::{parse_number, parse_probability, Item, SpecError};
 ///
 /// `Display` prints the action and its flags (`status=0x281,dnr`); the
 /// shared items and the filter follow.
-pub trait Vocabulary:
-    Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync + 'static
-{
+pub trait Vocabulary: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// Which commands a spec applies to; `Default` is every command.
     type Filter: Filter;
 
@@ -240,7 +238,11 @@ pub fn round_trip<A: Vocabulary>(text: &str) -> Option<Spec<A>> {
         .parse()
         .unwrap_or_else(|e| panic!("{text:?} printed as {printed:?}, which does not parse: {e}"));
     assert_eq!(again, spec, "{text:?} printed as {printed:?}");
-    assert_eq!(again.to_string(), printed, "{text:?}: not one canonical form");
+    assert_eq!(
+        again.to_string(),
+        printed,
+        "{text:?}: not one canonical form"
+    );
     Some(spec)
 }
 

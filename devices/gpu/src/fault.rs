@@ -81,10 +81,7 @@ fn job_error(item: &Item<'_>) -> Result<GpuAction, SpecError> {
                 .filter(|s| s.is_command_error())
                 .map(|s| format!("{:#04x} {}", s.code(), s.name()))
                 .collect();
-            item.error(format!(
-                "not a command error status ({})",
-                codes.join(", ")
-            ))
+            item.error(format!("not a command error status ({})", codes.join(", ")))
         })
 }
 

@@ -14,8 +14,8 @@ use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl, Interrupts, QuiesceTimeout};
 
 use crate::device::Device;
-use crate::fault::{ArmedReport, GpuFaultSpec, GpuFaults};
 use crate::engine::Engine;
+use crate::fault::{ArmedReport, GpuFaultSpec, GpuFaults};
 use crate::register_file::{AfterWrite, RegisterFile};
 use crate::regs::{Reg, REGS_BAR_SIZE};
 use crate::stats::{Stats, StatsSnapshot};

@@ -225,9 +225,6 @@ mod tests {
         for _ in 0..DEFAULT_MAX_ARMED {
             inj.arm(spec("delay=1us")).unwrap();
         }
-        assert_eq!(
-            inj.arm(spec("drop")).unwrap_err().cap,
-            DEFAULT_MAX_ARMED
-        );
+        assert_eq!(inj.arm(spec("drop")).unwrap_err().cap, DEFAULT_MAX_ARMED);
     }
 }

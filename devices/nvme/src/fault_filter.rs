@@ -41,13 +41,15 @@ impl Filter for CommandFilter {
                 self.queue = Some(q);
                 Ok(())
             }),
-            "nsid" => item.parse("1", parse_number).and_then(|n| match u32::try_from(n) {
-                Ok(n) if n > 0 => {
-                    self.nsid = Some(n);
-                    Ok(())
-                }
-                _ => Err(item.error("NSIDs are 1..0xffffffff")),
-            }),
+            "nsid" => item
+                .parse("1", parse_number)
+                .and_then(|n| match u32::try_from(n) {
+                    Ok(n) if n > 0 => {
+                        self.nsid = Some(n);
+                        Ok(())
+                    }
+                    _ => Err(item.error("NSIDs are 1..0xffffffff")),
+                }),
             "lba" => item.parse("100-199", parse_range).map(|(first, last)| {
                 self.lba = Some(LbaRange { first, last });
             }),

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use p2plab_dma::Access;
 use crate::fault::LbaRange;
+use p2plab_dma::Access;
 
 use crate::context::{CommandContext, CommandResult, Outcome};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer, Direction};

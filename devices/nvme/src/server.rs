@@ -14,8 +14,8 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
 use crate::fault::FaultSpec;
+use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
 use p2plab_kit::{
     arm_spec, Armed, ClassCode, DeviceControl, DmaGate, Interrupts, PeerBar, PlacementHook,
     ServedDevice, StatsLayout,

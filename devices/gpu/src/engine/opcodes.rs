@@ -186,9 +186,7 @@ impl Filter for GpuFilter {
 
     fn parse_item(&mut self, item: &Item<'_>) -> Option<Result<(), SpecError>> {
         (item.name == "opcode").then(|| {
-            self.opcode = Some(item.parse("NAME|0xNN", |text| {
-                parse_opcode(text, &OpcodeTable)
-            })?);
+            self.opcode = Some(item.parse("NAME|0xNN", |text| parse_opcode(text, &OpcodeTable))?);
             Ok(())
         })
     }

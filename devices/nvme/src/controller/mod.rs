@@ -21,8 +21,8 @@ mod doorbells;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
 use crate::fault::{ArmError, FaultSpec};
+use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};

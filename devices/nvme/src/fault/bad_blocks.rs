@@ -99,11 +99,8 @@ impl BadBlocks {
         self.ranges
             .iter()
             .flat_map(|(&nsid, list)| {
-                list.iter().map(move |(&first, &last)| BadRangeReport {
-                    nsid,
-                    first,
-                    last,
-                })
+                list.iter()
+                    .map(move |(&first, &last)| BadRangeReport { nsid, first, last })
             })
             .collect()
     }

@@ -288,7 +288,11 @@ fn matches_on_every_field() {
 fn every_command_of_every_table_is_an_opcode_filter() {
     let sets = [
         ("opcode", CommandSet::Io, IO_COMMANDS.fault_names()),
-        ("admin-opcode", CommandSet::Admin, ADMIN_COMMANDS.fault_names()),
+        (
+            "admin-opcode",
+            CommandSet::Admin,
+            ADMIN_COMMANDS.fault_names(),
+        ),
     ];
     for (item, set, rows) in sets {
         assert!(rows.len() >= 7, "{item}: {rows:?}");
@@ -348,7 +352,6 @@ fn armed(texts: &[&str]) -> NvmeFaults {
     }
     faults
 }
-
 
 /// Catches: a count that is not honoured, exhausted specs that still
 /// fire, or a status that does not reach the decision.

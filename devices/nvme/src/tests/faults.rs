@@ -67,7 +67,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn injected_status_hits_the_next_n_matching_commands() {
     let mut h = ready_host();
     fill(&mut h);
-    h.ctrl.inject(spec("status=0x281,dnr,count=2,opcode=read")).unwrap();
+    h.ctrl
+        .inject(spec("status=0x281,dnr,count=2,opcode=read"))
+        .unwrap();
     let injected = Status::UNRECOVERED_READ_ERROR.with_dnr();
     assert_eq!(read_status(&mut h, 0, 1), injected);
     assert_eq!(
@@ -184,7 +186,9 @@ fn held_command_is_aborted_with_command_abort_requested() {
     assert_eq!((c.commands_held, c.commands_aborted), (1, 1));
 
     // no-abort: the Abort says "not aborted"; a reset drops the command.
-    h.ctrl.inject(spec("timeout,no-abort,count=1,opcode=read")).unwrap();
+    h.ctrl
+        .inject(spec("timeout,no-abort,count=1,opcode=read"))
+        .unwrap();
     let stuck = h.submit(1, rw(op::READ, 0, 1).build());
     assert!(h.try_reap(1, Duration::from_millis(100)).is_none());
     let abort = CommandBuilder::new(admin::ABORT, 0)
@@ -285,7 +289,9 @@ fn delayed_interrupt_comes_late_after_the_completion() {
 #[test]
 fn latency_range_delays_within_bounds() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("latency=100ms-200ms,opcode=read")).unwrap();
+    h.ctrl
+        .inject(spec("latency=100ms-200ms,opcode=read"))
+        .unwrap();
     for _ in 0..3 {
         let t = Instant::now();
         assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
@@ -341,7 +347,9 @@ fn latency_delays_matching_commands() {
 #[test]
 fn surprise_reset_drops_the_queues_and_keeps_the_cmb_placement() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("timeout,no-abort,count=1,opcode=read")).unwrap();
+    h.ctrl
+        .inject(spec("timeout,no-abort,count=1,opcode=read"))
+        .unwrap();
     h.submit(1, rw(op::READ, 0, 1).build());
     assert!(h.try_reap(1, Duration::from_millis(100)).is_none());
     h.ctrl.surprise_reset();
