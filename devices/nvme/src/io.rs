@@ -3,11 +3,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::fault::LbaRange;
 use p2plab_dma::Access;
 
 use crate::context::{CommandContext, CommandResult, Outcome};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer, Direction};
+use crate::fault::LbaRange;
 use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
 use crate::memory::Placement;
 use crate::namespace::{io_error_status, FlushError, MediaAccess, Namespace};
