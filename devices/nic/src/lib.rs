@@ -7,8 +7,8 @@
 //!   device's BAR) and puts it on the [`wire`]; an RX engine thread writes
 //!   frames from the wire into posted buffers.
 //! - The wire connects two NIC server processes through a unix socket, or
-//!   loops back; it drops, delays or corrupts frames on demand (specs from
-//!   p2plab-fault).
+//!   loops back; it drops, delays or corrupts frames on demand (specs in
+//!   [`fault`], on p2plab-fault's grammar).
 //!
 //! The model ([`Nic`]) is a state machine built from p2plab-kit: guest
 //! memory behind the kit's DMA gate (Bus Master Enable, reset quiesce)
@@ -16,12 +16,14 @@
 //! `p2plab-nic` binary wires it to the vfio-user transport.
 
 pub mod descriptor;
+pub mod fault;
 pub mod model;
 pub mod pci;
 pub mod regs;
 pub mod stats;
 pub mod wire;
 
+pub use fault::NicFaultSpec;
 pub use model::{Nic, NicControl};
 pub use p2plab_kit::PciIds;
 pub use pci::{nic_function, NicError, NicFunction};

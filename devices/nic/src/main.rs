@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
-use p2plab_nic::{nic_function, Wire, WireConfig, DEFAULT_IDS};
+use p2plab_nic::{nic_function, NicFaultSpec, Wire, WireConfig, DEFAULT_IDS};
 use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
@@ -47,7 +46,7 @@ struct Args {
     ids: PciIdArgs,
     /// Arm a wire fault from the start (repeatable), as `p2plab-ctl
     /// inject` takes it: `drop,count=1`, `delay=5ms`, `corrupt,prob=0.1`,
-    /// `drop-irq,count=1`.
+    /// `drop-irq,count=1`; at most 64 armed at once.
     #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
     injections: Vec<NicFaultSpec>,
 }

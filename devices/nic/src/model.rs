@@ -20,13 +20,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use p2plab_dma::{BusTarget, DmaFault, DmaFaultKind, GuestMemory};
-use p2plab_fault::{ArmedReport, NicFaultSpec, NicInjector};
+use p2plab_fault::Shared;
 use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{
     arm_spec, counters_with, Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout,
 };
 
 use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
+use crate::fault::{ArmError, ArmedReport, NicFaultSpec, NicFaults};
 use crate::regs::*;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::wire::{Frame, SendError, Wire};
@@ -176,7 +177,8 @@ struct Device {
     wire: Wire,
     mtu: u32,
     stats: Stats,
-    faults: Mutex<NicInjector>,
+    /// Armed wire faults; skipped while nothing is armed.
+    faults: Shared<NicFaults>,
     trace: p2plab_trace::Tracer,
     stopping: AtomicBool,
 }
@@ -185,10 +187,6 @@ impl Device {
     fn lock(&self) -> MutexGuard<'_, Registers> {
         // Plain data: a panic elsewhere leaves it usable.
         self.regs.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn faults(&self) -> MutexGuard<'_, NicInjector> {
-        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn interrupt(&self) {
@@ -391,14 +389,10 @@ fn tx_engine(device: &Device) {
         // buffer for this descriptor (a driver quiescing may go on).
         device.lock().tx.busy = false;
         device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
-        let decision = {
-            let mut faults = device.faults();
-            if faults.is_idle() {
-                Default::default()
-            } else {
-                faults.decide()
-            }
-        };
+        let decision = device
+            .faults
+            .when_armed(NicFaults::decide)
+            .unwrap_or_default();
         if let Some(delay) = decision.delay {
             Stats::add(&device.stats.wire_delays, 1);
             std::thread::sleep(delay);
@@ -526,16 +520,17 @@ impl NicControl {
         self.0.stats.snapshot()
     }
 
-    /// Arms a wire fault; returns its ID.
-    pub fn inject(&self, spec: NicFaultSpec) -> u64 {
-        let id = self.0.faults().arm(spec);
+    /// Arms a wire fault; returns its ID. Refused when the NIC keeps as
+    /// many as it may ([`p2plab_fault::DEFAULT_MAX_ARMED`]).
+    pub fn inject(&self, spec: NicFaultSpec) -> Result<u64, ArmError> {
+        let id = self.0.faults.with(|faults| faults.arm(spec))?;
         tracing::info!(id, %spec, "fault armed");
-        id
+        Ok(id)
     }
 
     /// The armed faults and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
-        self.0.faults().report()
+        self.0.faults.with(|faults| faults.report())
     }
 
     /// Whether the wire has a peer.
@@ -551,12 +546,14 @@ impl DeviceControl for NicControl {
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        arm_spec(spec, |spec| Ok(NicControl::inject(self, spec)))
+        arm_spec(spec, |spec| {
+            NicControl::inject(self, spec).map_err(|e| e.to_string())
+        })
     }
 
     /// Disarms every wire fault.
     fn clear(&self) {
-        self.0.faults().clear();
+        self.0.faults.with(NicFaults::clear);
     }
 
     /// What a function-level reset does (see [`Nic::reset`]).
@@ -614,7 +611,7 @@ impl Nic {
             wire,
             mtu: mtu.clamp(MIN_MTU, MAX_MTU),
             stats: Stats::default(),
-            faults: Mutex::new(NicInjector::default()),
+            faults: Shared::default(),
             trace: p2plab_trace::Tracer::new(),
             stopping: AtomicBool::new(false),
         });

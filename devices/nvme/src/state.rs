@@ -16,11 +16,12 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 use std::time::Instant;
 
-use p2plab_fault::{CommandInfo, Decision, FaultSpec, Injector};
+use p2plab_fault::{ArmError, Shared};
 use serde::Serialize;
 use tracing::{error, info, warn};
 
 use crate::config::ControllerConfig;
+use crate::fault::{ArmedReport, BadRangeReport, CommandInfo, Decision, FaultSpec, NvmeFaults};
 use crate::features::Features;
 use crate::logs::{AsyncEvents, ErrorLog, SmartCounters, CRITICAL_WARNING_TEMPERATURE};
 use crate::memory::DmaRouter;
@@ -118,8 +119,8 @@ pub struct HeldReport {
 /// Injected faults as the control socket's `status` shows them.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultReport {
-    pub armed: Vec<p2plab_fault::ArmedReport>,
-    pub bad_blocks: Vec<p2plab_fault::BadRangeReport>,
+    pub armed: Vec<ArmedReport>,
+    pub bad_blocks: Vec<BadRangeReport>,
     pub held_commands: Vec<HeldReport>,
 }
 
@@ -147,11 +148,10 @@ pub(crate) struct ControllerState {
     /// Totals of namespaces' counters that survive nothing but are summed
     /// into the controller-wide SMART log.
     pub totals: NamespaceCounters,
-    /// Armed fault injections and bad blocks; `faults_armed` lets the hot
-    /// path skip the lock while nothing is armed.
-    /// Shared with the DMA router, which applies `peer-fail`/`peer-stall`.
-    faults: Arc<Mutex<Injector>>,
-    faults_armed: Arc<AtomicBool>,
+    /// Armed fault injections and bad blocks; the hot path skips the lock
+    /// while nothing is armed. Shared with the DMA router, which applies
+    /// `peer-fail`/`peer-stall`.
+    faults: Arc<Shared<NvmeFaults>>,
     /// Commands held by an injected `timeout`.
     pub held: Mutex<Vec<HeldCommand>>,
     queue_worker: QueueWorker,
@@ -178,12 +178,10 @@ impl ControllerState {
         stats: Arc<Stats>,
         queue_worker: QueueWorker,
     ) -> Self {
-        let faults = Arc::new(Mutex::new(Injector::default()));
-        let faults_armed = Arc::new(AtomicBool::new(false));
+        let faults = Arc::new(Shared::new(NvmeFaults::default()));
         let trace = Arc::new(p2plab_trace::Tracer::new());
         mem.attach_peer_faults(crate::memory::PeerFaults {
-            injector: Arc::clone(&faults),
-            armed: Arc::clone(&faults_armed),
+            faults: Arc::clone(&faults),
             trace: Arc::clone(&trace),
         });
         Self {
@@ -204,7 +202,6 @@ impl ControllerState {
             media_errors: AtomicU64::new(0),
             totals: NamespaceCounters::default(),
             faults,
-            faults_armed,
             held: Mutex::new(Vec::new()),
             cfg,
             queue_worker,
@@ -231,55 +228,44 @@ impl ControllerState {
         self.fatal.store(true, Ordering::Release);
     }
 
-    /// Arms an injection; returns its ID.
-    pub fn inject(&self, spec: FaultSpec) -> u64 {
-        let mut faults = crate::lock(&self.faults);
-        let id = faults.arm(spec);
+    /// Arms an injection; returns its ID. Refused when the controller
+    /// keeps as many as it may ([`crate::fault::MAX_ARMED`]).
+    pub fn inject(&self, spec: FaultSpec) -> Result<u64, ArmError> {
+        let id = self.faults.with(|faults| faults.arm(spec))?;
         info!(id, spec = %spec, "fault injection armed");
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
-        id
+        Ok(id)
     }
 
     /// Disarms every injection and forgets every bad block. Held commands
     /// stay held (an Abort or a reset releases them).
     pub fn clear_faults(&self) {
-        crate::lock(&self.faults).clear();
-        self.faults_armed.store(false, Ordering::Release);
+        self.faults.with(NvmeFaults::clear);
         info!("fault injections cleared");
     }
 
-    /// Disarms one injection (an OCP Error Injection entry replaced).
-    pub fn disarm_fault(&self, id: u64) {
-        let mut faults = crate::lock(&self.faults);
-        if faults.disarm(id) {
-            info!(id, "fault injection disarmed");
-        }
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+    /// Disarms the injections `old` and arms `new` in their place, all or
+    /// nothing (OCP Error Injection entries replaced).
+    pub fn replace_faults(&self, old: &[u64], new: &[FaultSpec]) -> Result<Vec<u64>, ArmError> {
+        let ids = self.faults.with(|faults| faults.replace(old, new))?;
+        info!(?old, new = ?ids, "fault injections replaced");
+        Ok(ids)
     }
 
     /// What the armed injections do to this command.
     pub fn decide_faults(&self, cmd: &CommandInfo) -> Decision {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return Decision::default();
-        }
-        let mut faults = crate::lock(&self.faults);
-        let decision = faults.decide(cmd);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
-        decision
+        self.faults
+            .when_armed(|faults| faults.decide(cmd))
+            .unwrap_or_default()
     }
 
     /// The first block of the range that an injected media error makes
     /// unreadable; counts the failed read on its spec.
     pub fn first_bad_block(&self, nsid: u32, slba: u64, blocks: u64) -> Option<u64> {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut faults = crate::lock(&self.faults);
-        let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
-        faults.note_media_error(nsid, lba);
+        let lba = self.faults.when_armed(|faults| {
+            let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
+            faults.note_media_error(nsid, lba);
+            Some(lba)
+        })??;
         self.trace.record("fault", || {
             serde_json::json!({
                 "name": "media-error",
@@ -296,30 +282,22 @@ impl ControllerState {
     /// Like [`first_bad_block`](Self::first_bad_block), without counting
     /// (the error log's LBA); `slba` when no block is bad.
     pub fn bad_block_for_log(&self, nsid: u32, slba: u64, blocks: u64) -> u64 {
-        crate::lock(&self.faults)
-            .bad_blocks()
-            .first_bad(nsid, slba, blocks)
+        self.faults
+            .with(|faults| faults.bad_blocks().first_bad(nsid, slba, blocks))
             .unwrap_or(slba)
     }
 
     /// The blocks were rewritten or deallocated: injected media errors on
     /// them are gone.
     pub fn repair_blocks(&self, nsid: u32, slba: u64, blocks: u64) {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return;
-        }
-        let mut faults = crate::lock(&self.faults);
-        faults.bad_blocks_mut().repair(nsid, slba, blocks);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+        self.faults
+            .when_armed(|faults| faults.bad_blocks_mut().repair(nsid, slba, blocks));
     }
 
     /// The namespace was formatted: no bad blocks remain on it.
     pub fn forget_bad_blocks(&self, nsid: u32) {
-        let mut faults = crate::lock(&self.faults);
-        faults.bad_blocks_mut().forget_namespace(nsid);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+        self.faults
+            .with(|faults| faults.bad_blocks_mut().forget_namespace(nsid));
     }
 
     /// Takes the held command `cid` of queue `sqid` if an Abort may abort
@@ -333,10 +311,12 @@ impl ControllerState {
     }
 
     pub fn fault_report(&self) -> FaultReport {
-        let faults = crate::lock(&self.faults);
+        let (armed, bad_blocks) = self
+            .faults
+            .with(|faults| (faults.report(), faults.bad_blocks().report()));
         FaultReport {
-            armed: faults.report(),
-            bad_blocks: faults.bad_blocks().report(),
+            armed,
+            bad_blocks,
             held_commands: crate::lock(&self.held)
                 .iter()
                 .map(|h| HeldReport {

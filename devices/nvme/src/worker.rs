@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_fault::{CommandInfo, Decision};
 use tracing::{debug, info};
 
 use crate::admin::{self, ADMIN_COMMANDS};
 use crate::command::{Command, Completion};
 use crate::context::{BounceBuffers, CommandContext, Outcome};
+use crate::fault::{CommandInfo, Decision};
 use crate::fields::{CommandFields, ReadWrite};
 use crate::io::{self, IO_COMMANDS};
 use crate::logs::ErrorEntry;

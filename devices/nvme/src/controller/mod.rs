@@ -21,8 +21,8 @@ mod doorbells;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::fault::{ArmError, FaultSpec};
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
-use p2plab_fault::FaultSpec;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};
@@ -238,9 +238,10 @@ impl NvmeController {
         }
     }
 
-    /// Arms a fault injection (see the `p2plab-fault` crate for specs);
-    /// returns its ID.
-    pub fn inject(&self, spec: FaultSpec) -> u64 {
+    /// Arms a fault injection (specs: [`crate::fault`]); returns its ID, or
+    /// refuses it when the controller keeps as many as it may
+    /// ([`crate::fault::MAX_ARMED`]).
+    pub fn inject(&self, spec: FaultSpec) -> Result<u64, ArmError> {
         self.state.inject(spec)
     }
 
