@@ -41,7 +41,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use p2plab_lab::lab::format_utc;
 use p2plab_lab::topology::parse_size;
-use p2plab_lab::{GuestScript, LabOptions, LabPaths};
+use p2plab_lab::{GuestControl, GuestScript, LabOptions, LabPaths};
 
 use crate::jobs::{p2p_labels, selected, Caching, Job, COMPARED, P2P};
 use crate::measure::Side;
@@ -228,6 +228,11 @@ fn nvme_boots(
     let p2p = !cli.no_p2p;
     let mut ours = boot_options(cli, &cli.ours, &guest::nvme_jobs(&jobs, cli.runtime, p2p))?;
     ours.server_args = server_args(&["nvme0"], nvme_args);
+    if p2p {
+        // The CPU marks around the P2P jobs ask the servers from the guest.
+        let servers = jobs::CPU_SERVERS.iter().map(|s| (*s).to_owned()).collect();
+        ours.guest_control = GuestControl::Devices(servers);
+    }
     let anchor = boot_options(
         cli,
         &anchor_topology.to_string_lossy(),

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
 
@@ -82,6 +82,8 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     options.timeout = Some(BOOT_TIMEOUT);
     options.state = Some(test_state_dir("gpu-faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    // The guest arms a fault itself (step 5).
+    options.guest_control = GuestControl::Devices(vec!["gpu0".to_owned()]);
     // The clean-boot check: the hang's engine reset, once, and the dropped
     // interrupt's recovery (a ratelimited warning: at most 10 per 5 s).
     options.kernel_log.expected = vec![

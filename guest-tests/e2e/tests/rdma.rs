@@ -95,7 +95,7 @@
 mod common;
 
 use common::{counter, run_guest, shared_boot_script, stats, Boot, GuestRun};
-use p2plab_lab::GuestScript;
+use p2plab_lab::{GuestControl, GuestScript};
 
 const SIZE: u64 = 8 << 20;
 const POST: u64 = 256 << 10;
@@ -205,7 +205,12 @@ fn rdma_and_peer_memory_under_one_switch() {
         NVME_PEER,
     );
     let script = shared_boot_script(&[("", &rdma), ("PM_", &peer_memory)]);
-    let run = run_guest("rdma", &script, Boot::default());
+    // The guest arms the corrupted frame on nic0 itself.
+    let boot = Boot {
+        guest_control: GuestControl::Devices(vec!["nic0".into()]),
+        ..Boot::default()
+    };
+    let run = run_guest("rdma", &script, boot);
     run.expect("NIC_DEVICES", "2");
     run.expect("INFO0_LINK_UP", "1");
     run.expect("INFO1_LINK_UP", "1");

@@ -63,6 +63,84 @@ pub enum Mode {
     Keep(Option<String>),
 }
 
+/// Which device servers the guest may drive through a control channel of
+/// its own (`run-vm --guest-control`): a virtio-serial port
+/// `p2plab.ctl.<id>` per device, wired by QEMU to that server's guest
+/// control socket (`<id>.guest.ctl`, the server's `--guest-control-socket`),
+/// where the guest may ask for status, inject, clear and trace but not
+/// reset (the server's rules: docs/reference/security.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GuestControl {
+    /// No channel: the guest reaches no server's control socket.
+    #[default]
+    Off,
+    /// Every device server of the topology.
+    All,
+    /// These device ids.
+    Devices(Vec<String>),
+}
+
+impl std::str::FromStr for GuestControl {
+    type Err = String;
+
+    /// `all`, `off`, or device ids separated by commas (`nvme0,gpu0`).
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "all" => return Ok(Self::All),
+            "off" | "none" => return Ok(Self::Off),
+            _ => {}
+        }
+        let ids: Vec<String> = text.split(',').map(str::to_owned).collect();
+        for id in &ids {
+            let plain = !id.is_empty()
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !plain {
+                return Err(format!(
+                    "{text:?}: expected all, off, or device ids like nvme0,gpu0"
+                ));
+            }
+        }
+        Ok(Self::Devices(ids))
+    }
+}
+
+impl GuestControl {
+    /// The device ids of `topology` this selects, in topology order; a
+    /// named id the topology lacks is an error naming the ones it has.
+    pub fn select(&self, topology: &Topology) -> Result<Vec<String>> {
+        let all = topology.servers.iter().map(|s| s.id.clone());
+        match self {
+            Self::Off => Ok(Vec::new()),
+            Self::All => Ok(all.collect()),
+            Self::Devices(ids) => {
+                for id in ids {
+                    if topology.server(id).is_none() {
+                        let known: Vec<String> = all.clone().collect();
+                        bail!(
+                            "--guest-control {id}: topology {} has no device server {id:?} \
+                             (it has {})",
+                            topology.name,
+                            if known.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                    }
+                }
+                Ok(topology
+                    .servers
+                    .iter()
+                    .filter(|s| ids.contains(&s.id))
+                    .map(|s| s.id.clone())
+                    .collect())
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LabOptions {
     /// A topology name in `qemu-configs/` or a path to a topology file.
@@ -96,6 +174,9 @@ pub struct LabOptions {
     /// Files the command needs beside it, as (path under `/run/p2plab`,
     /// text), written before QEMU starts (a [`GuestScript`]'s libraries).
     pub guest_files: Vec<(String, String)>,
+    /// The servers the guest may drive itself (`p2plab-ctl ID ...` in the
+    /// guest); none unless asked.
+    pub guest_control: GuestControl,
 }
 
 impl LabOptions {
@@ -116,6 +197,7 @@ impl LabOptions {
             state: None,
             kernel_log: KernelLogCheck::default(),
             guest_files: Vec::new(),
+            guest_control: GuestControl::Off,
         }
     }
 
@@ -280,6 +362,8 @@ pub struct Lab {
     pub(crate) qemu: Option<LabProcess>,
     /// Passed to every server start, restarts included.
     log_level: Option<String>,
+    /// The servers whose guest control socket the guest gets a port to.
+    guest_control: Vec<String>,
     lifetime: Lifetime,
     /// Left running on purpose (`--keep`): dropping must not tidy up.
     detached: bool,
@@ -336,6 +420,17 @@ impl Lab {
             };
             server.args.extend(extra.iter().cloned());
         }
+        // In the topology as started, so a restarted server opens its
+        // guest socket again (and QEMU reconnects to it).
+        let guest_control = options.guest_control.select(&topology)?;
+        for id in &guest_control {
+            if let Some(server) = topology.server_mut(id) {
+                server.args.push("--guest-control-socket".to_owned());
+                server
+                    .args
+                    .push(guest_control_socket(&run_dir, id).display().to_string());
+            }
+        }
 
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
@@ -351,6 +446,7 @@ impl Lab {
             servers: Vec::new(),
             qemu: None,
             log_level: options.log_level.clone(),
+            guest_control,
             lifetime,
             detached: false,
         };
@@ -459,8 +555,7 @@ impl Lab {
                 run.join("qmp.sock").display()
             ));
         add_9p_share(&mut command, "p2plab-run", &guest_dir, false);
-        let ids: Vec<&str> = topology.servers.iter().map(|s| s.id.as_str()).collect();
-        add_control_ports(&mut command, run, &ids);
+        command.args(control_port_args(run, &self.guest_control));
         if let Some(share) = &options.share {
             let share = share
                 .canonicalize()
@@ -830,36 +925,37 @@ fn remove_sockets(run_dir: &Path) {
     }
 }
 
-/// The guest's way to the servers' control sockets: one virtio-serial port
-/// per server that has one, named `p2plab.ctl.<id>` (the guest's
-/// `p2plab-ctl <id>` finds it), with QEMU as the socket's client. QEMU
-/// reconnects when a server is restarted.
-fn add_control_ports(command: &mut Command, run: &Path, ids: &[&str]) {
-    let sockets: Vec<(&str, PathBuf)> = ids
-        .iter()
-        .map(|id| (*id, run.join(format!("{id}.ctl"))))
-        .filter(|(_, path)| {
-            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-        })
-        .collect();
-    if sockets.is_empty() {
-        return;
+/// The guest control socket of device `id` in the run folder.
+fn guest_control_socket(run: &Path, id: &str) -> PathBuf {
+    run.join(format!("{id}.guest.ctl"))
+}
+
+/// QEMU arguments for the guest's own control channel: one virtio-serial
+/// port per server in `ids` (those `--guest-control` selected), named
+/// `p2plab.ctl.<id>` (the guest's `p2plab-ctl <id>` finds it), with QEMU
+/// as the client of that server's guest control socket. QEMU reconnects
+/// when a server is restarted. No ids, no arguments: the guest reaches
+/// no control socket.
+fn control_port_args(run: &Path, ids: &[String]) -> Vec<String> {
+    if ids.is_empty() {
+        return Vec::new();
     }
-    command
-        .arg("-device")
-        .arg("virtio-serial-pci,id=p2plab-ctl");
-    for (id, path) in sockets {
-        command
-            .arg("-chardev")
-            .arg(format!(
-                "socket,id=ctl-{id},path={},reconnect-ms=1000",
-                path.display()
-            ))
-            .arg("-device")
-            .arg(format!(
-                "virtserialport,bus=p2plab-ctl.0,chardev=ctl-{id},name=p2plab.ctl.{id}"
-            ));
+    let mut args = vec![
+        "-device".to_owned(),
+        "virtio-serial-pci,id=p2plab-ctl".to_owned(),
+    ];
+    for id in ids {
+        args.push("-chardev".to_owned());
+        args.push(format!(
+            "socket,id=ctl-{id},path={},reconnect-ms=1000",
+            guest_control_socket(run, id).display()
+        ));
+        args.push("-device".to_owned());
+        args.push(format!(
+            "virtserialport,bus=p2plab-ctl.0,chardev=ctl-{id},name=p2plab.ctl.{id}"
+        ));
     }
+    args
 }
 
 fn add_9p_share(command: &mut Command, tag: &str, dir: &Path, readonly: bool) {
@@ -910,6 +1006,72 @@ fn shell_words(command: &Command) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn topology(ids: &[&str]) -> Topology {
+        Topology {
+            name: "t".to_owned(),
+            qemu_args: Vec::new(),
+            servers: ids
+                .iter()
+                .map(|id| crate::topology::ServerSpec {
+                    id: (*id).to_owned(),
+                    binary: "p2plab-nvme".to_owned(),
+                    args: Vec::new(),
+                })
+                .collect(),
+            disks: Vec::new(),
+        }
+    }
+
+    /// Catches a guest control channel that is on without being asked
+    /// for, a selection that reaches other devices than named, or a
+    /// device name the topology lacks taken silently.
+    #[test]
+    fn the_guest_control_channel_is_off_unless_asked() {
+        let t = topology(&["nvme0", "gpu0", "nic0"]);
+        let run = Path::new("/r");
+        assert_eq!(
+            LabOptions::new("lab", Mode::Interactive).guest_control,
+            GuestControl::Off
+        );
+        assert!(GuestControl::Off.select(&t).unwrap().is_empty());
+        assert!(
+            control_port_args(run, &[]).is_empty(),
+            "no port, no virtio-serial device"
+        );
+
+        let all: GuestControl = "all".parse().unwrap();
+        assert_eq!(all.select(&t).unwrap(), ["nvme0", "gpu0", "nic0"]);
+        let some: GuestControl = "nic0,nvme0".parse().unwrap();
+        let ids = some.select(&t).unwrap();
+        assert_eq!(ids, ["nvme0", "nic0"]);
+        let args = control_port_args(run, &ids);
+        let chardevs: Vec<&String> = args.iter().filter(|a| a.starts_with("socket,")).collect();
+        assert_eq!(
+            chardevs,
+            [
+                "socket,id=ctl-nvme0,path=/r/nvme0.guest.ctl,reconnect-ms=1000",
+                "socket,id=ctl-nic0,path=/r/nic0.guest.ctl,reconnect-ms=1000"
+            ]
+        );
+        assert!(args.iter().any(|a| a.ends_with("name=p2plab.ctl.nic0")));
+        assert!(!args.iter().any(|a| a.contains("gpu0")));
+
+        let err = "gpu1"
+            .parse::<GuestControl>()
+            .unwrap()
+            .select(&t)
+            .unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("\"gpu1\"") && err.contains("nvme0, gpu0, nic0"),
+            "{err}"
+        );
+        for bad in ["", "nvme0,", "a b", "../x"] {
+            assert!(bad.parse::<GuestControl>().is_err(), "{bad:?}");
+        }
+        assert_eq!("off".parse::<GuestControl>().unwrap(), GuestControl::Off);
+    }
 
     #[test]
     fn utc_formatting() {

@@ -17,5 +17,5 @@ pub mod setup;
 pub mod topology;
 
 pub use guest_script::GuestScript;
-pub use lab::{Lab, LabOptions, Mode, Outcome};
+pub use lab::{GuestControl, Lab, LabOptions, Mode, Outcome};
 pub use paths::LabPaths;

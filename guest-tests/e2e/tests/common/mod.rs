@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Outcome};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Outcome};
 use serde_json::Value;
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
@@ -108,6 +108,9 @@ pub struct Boot {
     /// Kernel-log complaints this boot provokes on purpose (the clean-boot
     /// check fails on any other).
     pub kernel_log: Vec<Expected>,
+    /// The servers the guest script drives itself (`p2plab-ctl ID` in the
+    /// guest); none unless named.
+    pub guest_control: GuestControl,
 }
 
 /// A state folder private to this test binary run, under target/.
@@ -147,6 +150,7 @@ pub fn run_guest_with<T>(
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     options.log_level = Some("debug".to_owned());
     options.kernel_log.expected = boot.kernel_log;
+    options.guest_control = boot.guest_control;
     let mut lab = Lab::start(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
     let hosted = host(&mut lab);
     let outcome = lab

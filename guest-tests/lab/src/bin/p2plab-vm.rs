@@ -65,6 +65,14 @@ struct Cli {
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     peer_path: Option<String>,
 
+    /// Give the guest its own control channel to these device servers
+    /// (`all`, or ids like `nvme0,gpu0`): a virtio-serial port per device,
+    /// through which the guest's `p2plab-ctl ID` asks for status, arms
+    /// and clears injections and switches the trace (not reset). Off
+    /// unless given.
+    #[arg(long, value_name = "all|DEV[,DEV]")]
+    guest_control: Option<p2plab_lab::GuestControl>,
+
     /// Show boot messages and progress.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -145,6 +153,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(mode) = &cli.peer_path {
         options.every_server_args = vec!["--peer-path".to_owned(), mode.clone()];
     }
+    options.guest_control = cli.guest_control.unwrap_or_default();
     options.verbose = cli.verbose;
     // The CLI reports complaints in the guest's kernel log but keeps the
     // command's exit status.
