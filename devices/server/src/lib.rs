@@ -49,6 +49,7 @@
 //! logging     -> args
 //! args        -> control                                        (its default path)
 //! control     -> usage                                          (control socket)
+//! testing     -> control                                        (feature `testing`)
 //! counters, pci_ids, usage                                      (leaves)
 //! ```
 
@@ -64,6 +65,8 @@ mod process;
 mod serve;
 mod signals;
 mod stats_file;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod usage;
 
 pub use args::ServerArgs;
