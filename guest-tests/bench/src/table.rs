@@ -1,0 +1,76 @@
+//! The text report on stdout: one line per row, the median and min–max
+//! of both sides and of their ratio.
+
+use serde_json::Value;
+
+use crate::rows::Row;
+use crate::settings::Settings;
+use crate::stats::{ratios, spread};
+
+/// One line of the results table: a label and three right-aligned cells.
+fn print_line(label: &str, left: &str, right: &str, ratio: &str) {
+    println!("{label:<58} {left:>22} {right:>22} {ratio:>18}");
+}
+
+/// `median (min–max)` of both sides (no decimals) and of the ratio.
+fn print_row(row: &Row) {
+    let cell = |v: &[f64]| match spread(v) {
+        Some(s) => format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max),
+        None => "-".into(),
+    };
+    let ratio = match spread(&ratios(&row.left, &row.right)) {
+        Some(s) => format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max),
+        None => "-".into(),
+    };
+    print_line(&row.label, &cell(&row.left), &cell(&row.right), &ratio);
+}
+
+/// A section: its heading line (the sides' names), then its rows; nothing
+/// when it has no rows.
+fn print_section(heading: [&str; 3], rows: &[Row]) {
+    if rows.is_empty() {
+        return;
+    }
+    print_line(heading[0], heading[1], heading[2], "ratio");
+    for row in rows {
+        print_row(row);
+    }
+}
+
+/// The whole table: the settings, p2plab-nvme against the anchor, P2P
+/// against RAM, RDMA against RAM (with the NICs' DMA paths of each boot),
+/// and the peak RSS of each process.
+pub fn print(
+    settings: &Settings,
+    compared: &[Row],
+    p2p: &[Row],
+    rdma: &[Row],
+    nic_paths: &[Value],
+    peak_rss: &[Row],
+) {
+    println!(
+        "caching={} (anchor {}), {} rounds of {} s; median (min–max)",
+        settings.caching, settings.anchor_drive, settings.rounds, settings.runtime_s
+    );
+    print_section(["workload", "p2plab-nvme", "qemu nvme"], compared);
+    print_section(
+        [
+            "P2P workload (p2plab, same boot)",
+            "GPU p2pmem",
+            "guest RAM",
+        ],
+        p2p,
+    );
+    print_section(
+        ["RDMA workload (same boot)", "GPU memory", "guest RAM"],
+        rdma,
+    );
+    if !rdma.is_empty() {
+        for paths in nic_paths {
+            println!("RDMA NIC DMA paths of one boot: {paths}");
+        }
+    }
+    for row in peak_rss {
+        print_row(row);
+    }
+}

@@ -1,0 +1,158 @@
+//! The launcher itself, in one boot: a multi-line `--exec` script with
+//! quotes runs verbatim, its exit status comes back, a `--share` folder is
+//! visible and writable in the guest, extra kernel arguments arrive, and
+//! nothing is left behind (no process, no socket) when the run ends.
+//!
+//! What each test catches: a launcher that mangles scripts or loses the
+//! exit status, a missing or read-only share, dropped kernel arguments,
+//! leaked server or QEMU processes and sockets, a clean-boot check that
+//! does not see the guest's kernel log (a declared `WARNING:` line the
+//! script writes to /dev/kmsg must be counted exactly once)
+//! (`exec_share_append_status_and_clean_up`); bad options that start half
+//! a lab (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
+//! that dies early or that `--stop` cannot end
+//! (`keep_leaves_the_lab_up_until_stop`). Device faults are the device
+//! suites' job.
+
+mod common;
+
+use std::os::unix::fs::FileTypeExt;
+
+use p2plab_lab::kernel_log::Expected;
+use p2plab_lab::{GuestScript, Lab, LabOptions, Mode};
+
+#[test]
+fn exec_share_append_status_and_clean_up() {
+    let share = std::env::temp_dir().join(format!("p2plab-share-{}", std::process::id()));
+    std::fs::create_dir_all(&share).unwrap();
+    std::fs::write(share.join("from-host.txt"), "SHARED=yes\n").unwrap();
+
+    let script = GuestScript::new("launcher.sh", include_str!("../guest/launcher.sh"));
+    let mut options = LabOptions::exec("lab", &script).expect("the guest script");
+    options.share = Some(share.clone());
+    options.append = vec!["p2plab.test=works".to_owned()];
+    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.stream_output = false;
+    options.state = Some(common::test_state_dir("launcher"));
+    options.kernel_log.expected = vec![Expected::exactly("WARNING: p2plab launcher test", 1)];
+    let outcome = Lab::run(&options).expect("the lab runs");
+    let facts = common::parse_facts(&outcome.output);
+
+    assert_eq!(outcome.status, Some(7), "the guest command's exit status");
+    assert_eq!(
+        facts.get("QUOTES").map(String::as_str),
+        Some("it's \"quoted\" 42")
+    );
+    assert_eq!(facts.get("SHARED").map(String::as_str), Some("yes"));
+    assert_eq!(
+        facts.get("CMDLINE").map(String::as_str),
+        Some("p2plab.test=works")
+    );
+    assert_eq!(
+        std::fs::read_to_string(share.join("from-guest.txt")).unwrap(),
+        "written in the guest\n"
+    );
+
+    // The run folder keeps the logs, and no socket or process survives.
+    let run = &outcome.run_dir;
+    for file in [
+        "guest/kmsg.txt",
+        "console.log",
+        "qemu.log",
+        "qemu.cmdline",
+        "nvme0.log",
+        "gpu0.log",
+    ] {
+        assert!(run.join(file).is_file(), "{file} in the run folder");
+    }
+    for entry in std::fs::read_dir(run).unwrap().flatten() {
+        assert!(
+            !entry.file_type().unwrap().is_socket(),
+            "socket left behind: {}",
+            entry.path().display()
+        );
+    }
+    let run_text = run.to_string_lossy().into_owned();
+    for proc_entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(proc_entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !cmdline.contains(&*run_text),
+            "process left behind: {}",
+            cmdline.replace('\0', " ")
+        );
+    }
+    std::fs::remove_dir_all(&share).unwrap();
+}
+
+#[test]
+fn bad_options_are_refused_before_anything_starts() {
+    let mut options = LabOptions::new("no-such-topology", Mode::Exec("true".into()));
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--config \"no-such-topology\""),
+        "{err:#}"
+    );
+
+    options.topology = "lab".into();
+    options.share = Some("/nonexistent/folder".into());
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--share /nonexistent/folder"),
+        "{err:#}"
+    );
+
+    options.share = None;
+    options.kernel = Some("/nonexistent/bzImage".into());
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--kernel /nonexistent/bzImage"),
+        "{err:#}"
+    );
+
+    options.kernel = None;
+    options.server_args = vec![("nvme9".into(), vec![])];
+    let err = Lab::run(&options).unwrap_err();
+    assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
+}
+
+#[test]
+fn keep_leaves_the_lab_up_until_stop() {
+    let mut options = LabOptions::new("lab", Mode::Keep(Some("echo KEPT=yes".to_owned())));
+    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.stream_output = false;
+    options.state = Some(common::test_state_dir("keep"));
+    let outcome = Lab::run(&options).expect("the lab comes up");
+    assert_eq!(outcome.status, Some(0));
+    assert_eq!(
+        common::parse_facts(&outcome.output)
+            .get("KEPT")
+            .map(String::as_str),
+        Some("yes")
+    );
+
+    let run = &outcome.run_dir;
+    let pids: Vec<u32> = std::fs::read_to_string(run.join("pids"))
+        .expect("pids file")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 3, "qemu, nvme0 and gpu0 stay up");
+    assert!(pids.iter().all(|&p| p2plab_lab::process::pid_alive(p)));
+    assert!(
+        run.join("console.sock").exists(),
+        "the console can be attached"
+    );
+
+    p2plab_lab::lab::stop_kept(run).expect("stop");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for pid in pids {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie of a parent that is not us (reaped by init).
+        assert!(
+            state.is_empty() || state.contains(") Z "),
+            "pid {pid} still runs: {state}"
+        );
+    }
+    assert!(!run.join("console.sock").exists(), "sockets removed");
+}

@@ -1,0 +1,21 @@
+//! The p2plab lab: builds what is missing, starts the device servers and
+//! QEMU, runs scripts in the guest, and cleans up. Shared by the
+//! `p2plab-vm` CLI (behind `scripts/run-vm`), the end-to-end suites, the
+//! kill campaign and the bench.
+
+pub mod attach;
+pub mod console;
+pub mod control;
+pub mod facts;
+pub mod guest_script;
+pub mod kernel_log;
+pub mod lab;
+pub mod paths;
+pub mod process;
+pub mod qmp;
+pub mod setup;
+pub mod topology;
+
+pub use guest_script::GuestScript;
+pub use lab::{Lab, LabOptions, Mode, Outcome};
+pub use paths::LabPaths;
