@@ -45,7 +45,10 @@ fn page_counters(page: &Page) -> BTreeSet<String> {
 }
 
 fn code_counters() -> BTreeSet<String> {
-    WireStatsSnapshot::NAMES.iter().map(|n| n.to_string()).collect()
+    WireStatsSnapshot::NAMES
+        .iter()
+        .map(|n| n.to_string())
+        .collect()
 }
 
 #[test]
@@ -59,7 +62,10 @@ fn the_header_table_matches_the_fields() {
     ));
     let mut end = 0;
     for (offset, size, name) in page_fields(&page) {
-        assert_eq!(offset, end, "{name} does not start where the last field ended");
+        assert_eq!(
+            offset, end,
+            "{name} does not start where the last field ended"
+        );
         end += size;
     }
     assert_eq!(end, HEADER_LEN as u64);
