@@ -25,12 +25,12 @@ use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{
     arm_spec, counters_with, Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout,
 };
+use p2plab_wire::{Frame, Impairment, SendError, Sent, Wire};
 
 use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
 use crate::fault::{ArmError, ArmedReport, NicFaultSpec, NicFaults};
 use crate::regs::*;
 use crate::stats::{Stats, StatsSnapshot};
-use crate::wire::{Frame, SendError, Wire};
 
 /// How long the RX engine waits for a frame before it looks at the
 /// registers again.
@@ -393,31 +393,41 @@ fn tx_engine(device: &Device) {
             .faults
             .when_armed(NicFaults::decide)
             .unwrap_or_default();
-        if let Some(delay) = decision.delay {
+        // The wire does what the armed specs decided; the NIC's own
+        // counters say what was asked of it.
+        if decision.delay.is_some() {
             Stats::add(&device.stats.wire_delays, 1);
-            std::thread::sleep(delay);
         }
-        let mut frame = Frame::new(payload);
         if decision.corrupt {
-            let middle = frame.payload.len() / 2;
-            if let Some(byte) = frame.payload.get_mut(middle) {
-                *byte ^= 0xff;
-            }
             Stats::add(&device.stats.wire_corrupts, 1);
         }
-        let status = if decision.drop {
-            Stats::add(&device.stats.wire_drops, 1);
-            Status::Ok
-        } else {
-            let give_up = || {
-                device.stopping.load(Ordering::SeqCst)
-                    || device.generation(Dir::Tx) != work.generation
-            };
-            match device.wire.send(frame, &give_up) {
-                Ok(()) => Status::Ok,
-                Err(SendError::LinkDown) => Status::LinkDown,
-                Err(SendError::Stopped) => continue,
+        let impairment = Impairment {
+            drop: decision.drop,
+            delay: decision.delay,
+            corrupt: decision.corrupt,
+            reorder: 0,
+        };
+        // A reset or ring disable (a new generation) or shutdown ends the
+        // wait for the wire, whatever the peer does: the wire asks this
+        // every 20 ms while a send waits, so TX never stays stuck in a
+        // send across a reset.
+        let give_up = || {
+            device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation
+        };
+        let status = match device
+            .wire
+            .send_impaired(Frame::new(payload), impairment, &give_up)
+        {
+            Ok(Sent::Dropped) => {
+                Stats::add(&device.stats.wire_drops, 1);
+                Status::Ok
             }
+            Ok(Sent::Delivered | Sent::Held) => Status::Ok,
+            // A peer that read nothing for the send timeout is cut off:
+            // nothing was sent.
+            Err(SendError::LinkDown | SendError::TimedOut) => Status::LinkDown,
+            Err(SendError::TooLong) => Status::TooLong,
+            Err(SendError::Stopped) => continue,
         };
         if status == Status::Ok {
             Stats::add(&device.stats.tx_packets, 1);
@@ -537,12 +547,24 @@ impl NicControl {
     pub fn link_up(&self) -> bool {
         self.0.wire.link_up()
     }
+
+    /// The wire's counters (frames each way, FCS errors, refused peers,
+    /// send timeouts...).
+    pub fn wire_stats(&self) -> p2plab_wire::WireStatsSnapshot {
+        self.0.wire.stats()
+    }
 }
 
 impl DeviceControl for NicControl {
-    /// The counters and whether the wire has a peer, flat.
+    /// The counters and whether the wire has a peer, flat, and the
+    /// wire's own counters under `wire`.
     fn counters(&self) -> serde_json::Value {
-        counters_with(self.stats(), &[("link_up", self.link_up().into())])
+        let mut value = counters_with(self.stats(), &[("link_up", self.link_up().into())]);
+        if let Some(object) = value.as_object_mut() {
+            let wire = serde_json::to_value(self.wire_stats()).unwrap_or_default();
+            object.insert("wire".into(), wire);
+        }
+        value
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {

@@ -50,6 +50,7 @@
 //! logging     -> args
 //! args        -> control                                        (its default path)
 //! control     -> usage                                          (control sockets)
+//! testing     -> control                                        (feature `testing`)
 //! counters, pci_ids, usage                                      (leaves)
 //! ```
 
@@ -65,6 +66,8 @@ mod process;
 mod serve;
 mod signals;
 mod stats_file;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod usage;
 
 pub use args::ServerArgs;
