@@ -47,7 +47,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
-use p2plab_vfio_user::{log_limited, recv_with_fds, DmaSpace};
+use p2plab_ratelimit::log_limited;
+use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
 pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory};

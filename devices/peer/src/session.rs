@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use p2plab_vfio_user::{log_limited, DmaError, DmaSpace, LocalWindowId};
+use p2plab_ratelimit::log_limited;
+use p2plab_vfio_user::{DmaError, DmaSpace, LocalWindowId};
 use tracing::{debug, warn};
 
 use crate::memory::{
