@@ -212,29 +212,37 @@ fn serve(stream: UnixStream, handler: &dyn ControlHandler) -> io::Result<()> {
                 "request line too long",
             ));
         }
-        let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
-            Ok(request) => match answer(handler, &request) {
-                Ok(result) => Reply {
-                    ok: true,
-                    result: Some(result),
-                    error: None,
-                },
-                Err(error) => Reply {
-                    ok: false,
-                    result: None,
-                    error: Some(error),
-                },
-            },
-            Err(e) => Reply {
-                ok: false,
-                result: None,
-                error: Some(format!("bad request: {e}")),
-            },
-        };
-        let mut text = serde_json::to_string(&reply).map_err(io::Error::other)?;
-        text.push('\n');
+        let text = reply_line(handler, &line).map_err(io::Error::other)?;
         writer.write_all(text.as_bytes())?;
     }
+}
+
+/// The reply line (JSON, ending in a newline) to one request line: what
+/// the control socket sends back for it. Public for the `control_request`
+/// fuzz target, which feeds it any text.
+pub fn reply_line(handler: &dyn ControlHandler, line: &str) -> serde_json::Result<String> {
+    let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
+        Ok(request) => match answer(handler, &request) {
+            Ok(result) => Reply {
+                ok: true,
+                result: Some(result),
+                error: None,
+            },
+            Err(error) => Reply {
+                ok: false,
+                result: None,
+                error: Some(error),
+            },
+        },
+        Err(e) => Reply {
+            ok: false,
+            result: None,
+            error: Some(format!("bad request: {e}")),
+        },
+    };
+    let mut text = serde_json::to_string(&reply)?;
+    text.push('\n');
+    Ok(text)
 }
 
 /// How long a client waits for a reply.
