@@ -46,8 +46,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
 use p2plab_ratelimit::log_limited;
+use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
