@@ -96,6 +96,29 @@ impl AdminState {
 /// not depend on the worker (which depends on them).
 pub(crate) type QueueWorker = fn(Arc<ControllerState>, Arc<SubmissionQueue>, Arc<CompletionQueue>);
 
+/// Who runs the queues: fetch, execute, complete.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueueRunner {
+    /// A thread per submission queue, running this body.
+    Threads(QueueWorker),
+    /// The host's own thread, when it asks
+    /// ([`NvmeController::run_queues`](crate::NvmeController::run_queues)):
+    /// the same code with no threads (fuzzing, deterministic tests).
+    #[cfg(feature = "testing")]
+    Caller,
+}
+
+impl QueueRunner {
+    /// A worker thread's body; none when the host's thread runs the queues.
+    fn thread_body(self) -> Option<QueueWorker> {
+        match self {
+            QueueRunner::Threads(body) => Some(body),
+            #[cfg(feature = "testing")]
+            QueueRunner::Caller => None,
+        }
+    }
+}
+
 /// A command held without a completion by an injected `timeout`, until an
 /// Abort names it or the controller resets.
 pub(crate) struct HeldCommand {
@@ -154,7 +177,7 @@ pub(crate) struct ControllerState {
     faults: Arc<Shared<NvmeFaults>>,
     /// Commands held by an injected `timeout`.
     pub held: Mutex<Vec<HeldCommand>>,
-    queue_worker: QueueWorker,
+    runner: QueueRunner,
     /// Workers of queues a reset removed, until someone joins them
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
@@ -176,7 +199,7 @@ impl ControllerState {
         mut mem: DmaRouter,
         irq: Arc<dyn Interrupts>,
         stats: Arc<Stats>,
-        queue_worker: QueueWorker,
+        runner: QueueRunner,
     ) -> Self {
         let faults = Arc::new(Shared::new(NvmeFaults::default()));
         let trace = Arc::new(p2plab_trace::Tracer::new());
@@ -204,7 +227,7 @@ impl ControllerState {
             faults,
             held: Mutex::new(Vec::new()),
             cfg,
-            queue_worker,
+            runner,
             stopped_workers: Mutex::new(Vec::new()),
             trace,
         }
@@ -376,32 +399,18 @@ impl ControllerState {
         sq: Arc<SubmissionQueue>,
         cq: Arc<CompletionQueue>,
     ) -> io::Result<()> {
+        let Some(body) = self.runner.thread_body() else {
+            return Ok(());
+        };
         self.live_workers.fetch_add(1, Ordering::AcqRel);
         let state = Arc::clone(self);
         let queue = Arc::clone(&sq);
-        let body = self.queue_worker;
         let spawned = thread::Builder::new()
             .name(format!("nvme-sq{}", sq.id))
             .spawn(move || {
                 let sqid = queue.id;
                 let shared = Arc::clone(&state);
-                // The worker boundary: a bug in a handler (or anything it
-                // calls) must not wedge the device. Like a controller
-                // firmware fault, it sets CSTS.CFS and the device waits for
-                // the host to reset it (CC.EN 1->0), which Linux does when
-                // it sees CFS. Locks a panicking worker held are poisoned;
-                // `crate::lock` takes them anyway, and the reset
-                // reinitialises what they guard.
-                let ran = panic::catch_unwind(AssertUnwindSafe(move || body(state, queue, cq)));
-                if let Err(panic) = ran {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
-                    shared.set_fatal(&format!("internal error in the SQ {sqid} worker: {what}"));
-                    shared.stats.internal_errors.fetch_add(1, Ordering::Relaxed);
-                }
+                shared.at_worker_boundary(sqid, move || body(state, queue, cq));
             });
         match spawned {
             Ok(handle) => {
@@ -412,6 +421,40 @@ impl ControllerState {
                 self.live_workers.fetch_sub(1, Ordering::AcqRel);
                 Err(e)
             }
+        }
+    }
+
+    /// Whether the host's thread runs the queues (no worker threads).
+    #[cfg(feature = "testing")]
+    pub fn queues_on_caller(&self) -> bool {
+        matches!(self.runner, QueueRunner::Caller)
+    }
+
+    /// A new completion queue, as this controller's queues post to it.
+    pub fn completion_queue(&self, cq: CompletionQueue) -> Arc<CompletionQueue> {
+        #[cfg(feature = "testing")]
+        if self.queues_on_caller() {
+            return Arc::new(cq.never_waiting());
+        }
+        Arc::new(cq)
+    }
+
+    /// Runs a queue's work at the worker boundary: a bug in a handler (or
+    /// anything it calls) must not wedge the device. Like a controller
+    /// firmware fault, it sets CSTS.CFS and the device waits for the host
+    /// to reset it (CC.EN 1->0), which Linux does when it sees CFS. Locks
+    /// a panicking worker held are poisoned; `crate::lock` takes them
+    /// anyway, and the reset reinitialises what they guard.
+    pub fn at_worker_boundary(&self, sqid: u16, work: impl FnOnce()) {
+        let ran = panic::catch_unwind(AssertUnwindSafe(work));
+        if let Err(panic) = ran {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            self.set_fatal(&format!("internal error in the SQ {sqid} worker: {what}"));
+            self.stats.internal_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 

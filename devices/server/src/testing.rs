@@ -57,7 +57,9 @@ impl SpawnedServer {
             log,
         };
         let deadline = Instant::now() + PATIENCE;
-        while !server.socket.exists() {
+        // The socket file appears at bind, before listen: a connect in
+        // between is refused. The server logs "listening" after both.
+        while !server.socket.exists() || !server.log().contains("listening") {
             assert!(
                 server.is_running(),
                 "the server exited before it listened:\n{}",
