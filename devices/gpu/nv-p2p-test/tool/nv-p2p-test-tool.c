@@ -10,6 +10,7 @@
  */
 
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -89,12 +90,16 @@ static uint64_t parse_size(const char *s)
 	return v;
 }
 
+/* Prints PREFIX_KEY=VALUE, the key in capitals. */
 __attribute__((format(printf, 2, 3)))
 static void fact(const char *key, const char *fmt, ...)
 {
 	va_list ap;
 
-	printf("%s_%s=", prefix, key);
+	printf("%s_", prefix);
+	for (; *key; key++)
+		putchar(toupper((unsigned char)*key));
+	putchar('=');
 	va_start(ap, fmt);
 	vprintf(fmt, ap);
 	va_end(ap);
