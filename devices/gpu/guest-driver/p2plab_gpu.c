@@ -1246,6 +1246,7 @@ static struct gpu_p2p_map *pin_dma_map(struct gpu_pin *pin, struct pci_dev *peer
 		return ERR_PTR(-ENOMEM);
 	INIT_LIST_HEAD(&m->node);
 	m->pin = pin;
+	m->peer = pci_dev_get(peer);
 	m->dma = kvmalloc_array(n, sizeof(*m->dma), GFP_KERNEL);
 	pages = kvmalloc_array(n, sizeof(*pages), GFP_KERNEL);
 	if (!m->dma || !pages) {
@@ -1302,7 +1303,6 @@ static struct gpu_p2p_map *pin_dma_map(struct gpu_pin *pin, struct pci_dev *peer
 	m->mapped = true;
 	mutex_unlock(&gpu->alloc_lock);
 	kvfree(pages);
-	m->peer = pci_dev_get(peer);
 	atomic_inc(&gpu->p2p_maps);
 	if (m->map_type == PCI_P2PDMA_MAP_BUS_ADDR)
 		atomic_inc(&gpu->p2p_bus_addr_maps);
@@ -1319,6 +1319,7 @@ err_unlink:
 err_free:
 	kvfree(pages);
 	kvfree(m->dma);
+	pci_dev_put(m->peer);
 	kfree(m);
 	return ERR_PTR(ret);
 }
@@ -1569,37 +1570,65 @@ static int nv_errno(int err)
 	}
 }
 
-/* Frees the pin once its last user (callback or waiter) let go. */
-static void nv_pin_done(struct gpu_pin *pin, bool waiter)
+/* Whether a revocation took @pin to call its free callback. */
+static bool pin_revoked_with_callback(struct gpu_pin *pin)
+{
+	struct p2plab_gpu *gpu = pin->alloc->gpu;
+	bool revoked;
+
+	mutex_lock(&gpu->alloc_lock);
+	revoked = pin->revoked && pin->free_callback;
+	mutex_unlock(&gpu->alloc_lock);
+	return revoked;
+}
+
+/* A waiter of a done pin lets go; the last one frees it. */
+static void nv_waiter_done(struct gpu_pin *pin)
 {
 	bool last;
 
 	mutex_lock(&nv_lock);
-	if (waiter)
-		pin->nv_waiters--;
-	last = pin->nv_state == NV_DONE && !pin->nv_waiters;
+	last = !--pin->nv_waiters;
 	mutex_unlock(&nv_lock);
 	if (last)
 		pin_free(pin);
 }
 
+/* Under nv_lock: whether the current task runs one of our free callbacks. */
+static bool nv_in_callback(void)
+{
+	struct gpu_pin *pin;
+
+	list_for_each_entry(pin, &nv_pins, nv_node)
+		if (pin->nv_callback_task == current)
+			return true;
+	return false;
+}
+
 /*
  * Called with nv_lock held on a pin whose callback runs or is about to:
  * waits until it returned and the table is gone (as NVIDIA's put_pages
- * waits for the RM lock its free path holds). Drops nv_lock.
+ * waits for the RM lock its free path holds). From inside a callback
+ * (this pin's, or another's whose revocation calls this one's next) it
+ * returns at once: waiting there could never end. Drops nv_lock.
  */
 static void nv_wait_callback(struct gpu_pin *pin)
 {
+	if (nv_in_callback()) {
+		mutex_unlock(&nv_lock);
+		return;
+	}
 	pin->nv_waiters++;
 	mutex_unlock(&nv_lock);
 	wait_event(nv_wq, READ_ONCE(pin->nv_state) == NV_DONE);
-	nv_pin_done(pin, true);
+	nv_waiter_done(pin);
 }
 
 /* The core's free callback of NVIDIA pins: the importer's, then cleanup. */
 static void nv_free_callback(void *data)
 {
 	struct gpu_pin *pin = data;
+	bool last;
 
 	mutex_lock(&nv_lock);
 	pin->nv_state = NV_REVOKING;
@@ -1614,9 +1643,12 @@ static void nv_free_callback(void *data)
 	pin->nv_callback_task = NULL;
 	list_del_init(&pin->nv_node);
 	WRITE_ONCE(pin->nv_state, NV_DONE);
+	/* Off the list: no new waiters; those there free it last. */
+	last = !pin->nv_waiters;
 	mutex_unlock(&nv_lock);
 	wake_up_all(&nv_wq);
-	nv_pin_done(pin, false);
+	if (last)
+		pin_free(pin);
 }
 
 static int nv_get_pages(u64 va, u64 len, struct nvidia_p2p_page_table **page_table,
@@ -1681,7 +1713,8 @@ int nvidia_p2p_get_pages(uint64_t p2p_token, uint32_t va_space, uint64_t virtual
 			 uint64_t length, struct nvidia_p2p_page_table **page_table,
 			 void (*free_callback)(void *data), void *data)
 {
-	if (!free_callback || p2p_token || va_space)
+	/* NVIDIA's wants data too, and tokens are a thing of the past. */
+	if (!free_callback || !data || p2p_token || va_space)
 		return -EINVAL;
 	return nv_get_pages(virtual_address, length, page_table, free_callback, data, 0);
 }
@@ -1828,19 +1861,19 @@ static int nv_put_pages(u64 va, struct nvidia_p2p_page_table *page_table, bool p
 		return 0;
 	}
 	if ((pin->kind == PIN_NV_PERSISTENT) != persistent || pin->nv_va != va) {
+		const char *why = pin->nv_va != va ? "not the address the table was pinned at" :
+				  "the table is from the other get_pages";
+
 		mutex_unlock(&nv_lock);
 		pr_warn_ratelimited(DRV_NAME ": nvidia_p2p_put_pages%s: %s\n",
-				    persistent ? "_persistent" : "",
-				    pin->nv_va != va ? "not the address the table was pinned at" :
-				    "the table is from the other get_pages");
+				    persistent ? "_persistent" : "", why);
 		return -EINVAL;
 	}
-	if (pin->nv_state != NV_LIVE) {
-		if (pin->nv_callback_task == current) {
-			/* From inside its own callback: the driver frees it after. */
-			mutex_unlock(&nv_lock);
-			return 0;
-		}
+	if (pin->nv_state != NV_LIVE || pin_revoked_with_callback(pin)) {
+		/*
+		 * Its callback runs, or a revocation will call it (it waits for
+		 * nv_lock): the driver frees the table and its maps after it.
+		 */
 		nv_wait_callback(pin);
 		return 0;
 	}
@@ -1848,7 +1881,7 @@ static int nv_put_pages(u64 va, struct nvidia_p2p_page_table *page_table, bool p
 	pin_release_maps(pin);
 	ret = pin_unpin(pin);
 	if (ret == -ENOENT) {
-		/* A revocation got there first; its callback waits for nv_lock. */
+		/* A revocation got there meanwhile. */
 		nv_wait_callback(pin);
 		return 0;
 	}

@@ -279,22 +279,23 @@ static long nvt_args(struct nv_p2p_test_args __user *uarg)
 	}
 
 	arg.get_misaligned_va = nvidia_p2p_get_pages(0, 0, va + SZ_4K, len - GPU_PAGE, &junk,
-						     nvt_noop_callback, NULL);
+						     nvt_noop_callback, &arg);
 	arg.get_misaligned_len = nvidia_p2p_get_pages(0, 0, va, len - SZ_4K, &junk,
-						      nvt_noop_callback, NULL);
-	arg.get_zero_len = nvidia_p2p_get_pages(0, 0, va, 0, &junk, nvt_noop_callback, NULL);
-	arg.get_no_callback = nvidia_p2p_get_pages(0, 0, va, len, &junk, NULL, NULL);
-	arg.get_token = nvidia_p2p_get_pages(1, 0, va, len, &junk, nvt_noop_callback, NULL);
+						      nvt_noop_callback, &arg);
+	arg.get_zero_len = nvidia_p2p_get_pages(0, 0, va, 0, &junk, nvt_noop_callback, &arg);
+	arg.get_no_callback = nvidia_p2p_get_pages(0, 0, va, len, &junk, NULL, &arg);
+	arg.get_no_data = nvidia_p2p_get_pages(0, 0, va, len, &junk, nvt_noop_callback, NULL);
+	arg.get_token = nvidia_p2p_get_pages(1, 0, va, len, &junk, nvt_noop_callback, &arg);
 	arg.get_ram = nvidia_p2p_get_pages(0, 0, arg.ram_va, GPU_PAGE, &junk,
-					   nvt_noop_callback, NULL);
+					   nvt_noop_callback, &arg);
 	arg.persistent_misaligned = nvidia_p2p_get_pages_persistent(va + SZ_4K, GPU_PAGE, &junk, 0);
 	arg.persistent_bad_flags = nvidia_p2p_get_pages_persistent(va, len, &junk, 2);
 
 	/* The callback of these never runs: nothing frees the memory meanwhile. */
-	ret = nvidia_p2p_get_pages(0, 0, va, len, &pt, nvt_noop_callback, NULL);
+	ret = nvidia_p2p_get_pages(0, 0, va, len, &pt, nvt_noop_callback, &arg);
 	if (ret)
 		goto out_dev;
-	arg.get_twice = nvidia_p2p_get_pages(0, 0, va, len, &twice, nvt_noop_callback, NULL);
+	arg.get_twice = nvidia_p2p_get_pages(0, 0, va, len, &twice, nvt_noop_callback, &arg);
 	arg.map_null_peer = nvidia_p2p_dma_map_pages(NULL, pt, &map);
 	arg.map_ok = nvidia_p2p_dma_map_pages(peer, pt, &map);
 	if (!arg.map_ok) {

@@ -84,6 +84,7 @@ struct nv_p2p_test_args {
 	__s32 get_misaligned_len;	/* len - 4 KiB */
 	__s32 get_zero_len;
 	__s32 get_no_callback;
+	__s32 get_no_data;		/* a callback without data */
 	__s32 get_token;		/* p2p_token 1 */
 	__s32 get_ram;			/* 64 KiB of RAM */
 	__s32 get_twice;		/* a second table of the same range */
@@ -112,7 +113,6 @@ struct nv_p2p_test_args {
 	__s32 put_persistent_ok;
 	__s32 free_table_null;
 	__s32 free_map_null;
-	__u32 pad;
 };
 
 #define NV_P2P_TEST_IOC_PIN	_IOWR(NV_P2P_TEST_IOC_MAGIC, 0x00, struct nv_p2p_test_pin)

@@ -112,8 +112,8 @@
 //!   and the GPU's count of bus-address mappings (map type BUS_ADDR) up
 //!   by one per mapping;
 //! - bad arguments let through: a misaligned address or length, length 0,
-//!   no callback, a p2p token, RAM, unknown persistent flags, a NULL peer
-//!   all give EINVAL; unmapping for another peer, putting at another
+//!   no callback, no callback data, a p2p token, RAM, unknown persistent
+//!   flags, a NULL peer all give EINVAL; unmapping for another peer, putting at another
 //!   address or with the other put all give EINVAL and free nothing;
 //!   FORCE_BAR1_MAPPING tables refuse DMA mapping with ENOTSUPP (-524);
 //!   a second unmap and a put of NULL give 0; put_pages releases a mapping
@@ -650,6 +650,7 @@ fn check_nv_api_in_the_switch(run: &GuestRun) {
         "GET_MISALIGNED_LEN",
         "GET_ZERO_LEN",
         "GET_NO_CALLBACK",
+        "GET_NO_DATA",
         "GET_TOKEN",
         "GET_RAM",
         "PERSISTENT_MISALIGNED",

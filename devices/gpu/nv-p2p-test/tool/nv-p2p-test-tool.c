@@ -263,6 +263,7 @@ static void scenario_args(int fd, int tfd, const char *peer, const char *gpu)
 	ARG_FACT(get_misaligned_len);
 	ARG_FACT(get_zero_len);
 	ARG_FACT(get_no_callback);
+	ARG_FACT(get_no_data);
 	ARG_FACT(get_token);
 	ARG_FACT(get_ram);
 	ARG_FACT(get_twice);
