@@ -3,6 +3,7 @@
 //! `p2plab-vm` CLI (behind `scripts/run-vm`), the end-to-end suites, the
 //! kill campaign and the bench.
 
+pub mod accel;
 pub mod attach;
 pub mod console;
 pub mod control;
