@@ -19,7 +19,7 @@ mod common;
 use std::os::unix::fs::FileTypeExt;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Mode};
+use p2plab_lab::{GuestScript, Lab, LabOptions, Mode, Timeout};
 
 #[test]
 fn exec_share_append_status_and_clean_up() {
@@ -31,7 +31,7 @@ fn exec_share_append_status_and_clean_up() {
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
     options.share = Some(share.clone());
     options.append = vec!["p2plab.test=works".to_owned()];
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("launcher"));
     options.kernel_log.expected = vec![Expected::exactly("WARNING: p2plab launcher test", 1)];
@@ -119,7 +119,7 @@ fn bad_options_are_refused_before_anything_starts() {
 #[test]
 fn keep_leaves_the_lab_up_until_stop() {
     let mut options = LabOptions::new("lab", Mode::Keep(Some("echo KEPT=yes".to_owned())));
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("keep"));
     let outcome = Lab::run(&options).expect("the lab comes up");

@@ -72,6 +72,26 @@ impl fmt::Display for Accel {
     }
 }
 
+/// How long an exec run may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Exactly this long, whatever the accelerator (a user's `--timeout`).
+    Exactly(Duration),
+    /// This long under TCG, scaled with [`Accel::scale`] (the suites'
+    /// and the bench's budgets).
+    TcgBudget(Duration),
+}
+
+impl Timeout {
+    /// The timeout under `accel`.
+    pub fn under(self, accel: Accel) -> Duration {
+        match self {
+            Timeout::Exactly(limit) => limit,
+            Timeout::TcgBudget(budget) => accel.scale(budget),
+        }
+    }
+}
+
 /// What the user asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccelRequest {
@@ -383,6 +403,16 @@ pub struct SplitArgs {
     pub extra: Vec<String>,
     /// The last `-cpu` of either (QEMU takes the last): the TCG vCPU.
     pub tcg_cpu: Option<String>,
+}
+
+impl SplitArgs {
+    /// What QEMU gets before the lab's own arguments: the topology's, then
+    /// the chosen `-accel` and `-cpu` (the extra arguments come last).
+    pub fn head(&self, choice: &AccelChoice) -> Vec<String> {
+        let mut args = self.topology.clone();
+        args.extend(choice.qemu_args());
+        args
+    }
 }
 
 /// Takes `-accel`/`-cpu` out of the topology's and the extra arguments.
@@ -839,6 +869,10 @@ mod tests {
         assert_eq!(Accel::Tcg.scale(budget), budget);
         assert_eq!(Accel::Kvm.scale(budget), Duration::from_secs(450));
         assert!(Accel::Kvm.scale(budget) < budget);
+        assert_eq!(Timeout::TcgBudget(budget).under(Accel::Kvm), budget / 2);
+        assert_eq!(Timeout::TcgBudget(budget).under(Accel::Tcg), budget);
+        // A user's own limit is theirs under either accelerator.
+        assert_eq!(Timeout::Exactly(budget).under(Accel::Kvm), budget);
     }
 
     /// Catches: a probe that hangs or panics on this host (where /dev/kvm

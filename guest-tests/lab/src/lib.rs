@@ -17,6 +17,7 @@ pub mod qmp;
 pub mod setup;
 pub mod topology;
 
+pub use accel::{Accel, Timeout};
 pub use guest_script::GuestScript;
 pub use lab::{Lab, LabOptions, Mode, Outcome};
 pub use paths::LabPaths;

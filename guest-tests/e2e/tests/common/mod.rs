@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Outcome};
+use p2plab_lab::{GuestScript, Lab, LabOptions, Outcome, Timeout};
 use serde_json::Value;
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
@@ -138,7 +138,7 @@ pub fn run_guest_with<T>(
 ) -> (GuestRun, T) {
     let mut options = LabOptions::exec(topology, script)
         .unwrap_or_else(|err| panic!("the guest script: {err:#}"));
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.server_args = boot.server_args;
     options.append = boot.append;
     options.qemu_args = boot.qemu_args;
