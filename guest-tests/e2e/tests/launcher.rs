@@ -18,8 +18,9 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 
+use p2plab_lab::accel::{self, AccelRequest};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Mode, Timeout};
+use p2plab_lab::{Accel, GuestScript, Lab, LabOptions, Mode, Timeout};
 
 #[test]
 fn exec_share_append_status_and_clean_up() {
@@ -64,6 +65,31 @@ fn exec_share_append_status_and_clean_up() {
         "gpu0.log",
     ] {
         assert!(run.join(file).is_file(), "{file} in the run folder");
+    }
+    // QEMU got exactly one accelerator, the one the outcome names, with
+    // the vCPU that goes with it (`lab` has no vendor need).
+    let qemu_words: Vec<String> = std::fs::read_to_string(run.join("qemu.cmdline"))
+        .unwrap()
+        .split_whitespace()
+        .map(|w| w.trim_matches('\'').to_owned())
+        .collect();
+    let after = |flag: &str| -> Vec<&str> {
+        qemu_words
+            .windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    };
+    let want = match outcome.accel {
+        Accel::Kvm => (vec!["kvm"], vec!["host"]),
+        Accel::Tcg => (vec!["tcg,thread=multi"], vec!["max"]),
+    };
+    assert_eq!((after("-accel"), after("-cpu")), want, "{qemu_words:?}");
+    let line = std::fs::read_to_string(run.join("accel.txt")).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    match outcome.accel {
+        Accel::Kvm => assert!(line.starts_with("using KVM"), "{line}"),
+        Accel::Tcg => assert!(line.starts_with("using TCG, not KVM: "), "{line}"),
     }
     for entry in std::fs::read_dir(run).unwrap().flatten() {
         assert!(
@@ -114,6 +140,22 @@ fn bad_options_are_refused_before_anything_starts() {
     options.server_args = vec![("nvme9".into(), vec![])];
     let err = Lab::run(&options).unwrap_err();
     assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
+
+    // The accelerator is --accel's business, not an extra QEMU argument's.
+    options.server_args.clear();
+    options.qemu_args = vec!["-accel".into(), "kvm".into()];
+    let err = Lab::run(&options).unwrap_err();
+    assert!(format!("{err:#}").contains("--accel kvm|tcg"), "{err:#}");
+
+    // A forced KVM where the probe says it cannot run is an error naming
+    // the flag (on a host whose KVM runs, the run would boot: not here).
+    options.qemu_args.clear();
+    options.accel = Some(AccelRequest::Kvm);
+    if let Err(why) = accel::kvm_usable() {
+        let err = format!("{:#}", Lab::run(&options).unwrap_err());
+        assert!(err.contains("--accel kvm: KVM is not usable here"), "{err}");
+        assert!(err.contains(&why), "{err}");
+    }
 }
 
 #[test]
