@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Timeout};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
 
@@ -104,7 +104,7 @@ fn linux_recovers_from_injected_nvme_faults() {
     let script = GuestScript::new("faults.sh", include_str!("../guest/faults.sh"))
         .var("IO_TIMEOUT_MS", IO_TIMEOUT_MS);
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.state = Some(test_state_dir("faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     // Phase 5 drives nvme0 from the guest.
@@ -123,7 +123,7 @@ fn linux_recovers_from_injected_nvme_faults() {
     let mut lab = Lab::start(&options).unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
     let ctl = lab.run_dir.join("nvme0.ctl");
     let phase = |lab: &mut Lab, name: &str, specs: &[&str]| -> (Value, Value) {
-        lab.wait_guest_file(&format!("ready-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("ready-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let before = status(&ctl);
         let traced = name == "timeout";
@@ -137,7 +137,7 @@ fn linux_recovers_from_injected_nvme_faults() {
         }
         lab.write_guest_file(&format!("armed-{name}"), "")
             .expect("signalling the guest");
-        lab.wait_guest_file(&format!("done-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("done-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
         if traced {

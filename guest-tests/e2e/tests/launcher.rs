@@ -21,8 +21,9 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 
+use p2plab_lab::accel::{self, AccelRequest};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Mode};
+use p2plab_lab::{Accel, GuestControl, GuestScript, Lab, LabOptions, Mode, Timeout};
 
 #[test]
 fn exec_share_append_status_and_clean_up() {
@@ -34,7 +35,7 @@ fn exec_share_append_status_and_clean_up() {
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
     options.share = Some(share.clone());
     options.append = vec!["p2plab.test=works".to_owned()];
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("launcher"));
     options.kernel_log.expected = vec![Expected::exactly("WARNING: p2plab launcher test", 1)];
@@ -78,6 +79,31 @@ fn exec_share_append_status_and_clean_up() {
         "gpu0.log",
     ] {
         assert!(run.join(file).is_file(), "{file} in the run folder");
+    }
+    // QEMU got exactly one accelerator, the one the outcome names, with
+    // the vCPU that goes with it (`lab` has no vendor need).
+    let qemu_words: Vec<String> = std::fs::read_to_string(run.join("qemu.cmdline"))
+        .unwrap()
+        .split_whitespace()
+        .map(|w| w.trim_matches('\'').to_owned())
+        .collect();
+    let after = |flag: &str| -> Vec<&str> {
+        qemu_words
+            .windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    };
+    let want = match outcome.accel {
+        Accel::Kvm => (vec!["kvm"], vec!["host"]),
+        Accel::Tcg => (vec!["tcg,thread=multi"], vec!["max"]),
+    };
+    assert_eq!((after("-accel"), after("-cpu")), want, "{qemu_words:?}");
+    let line = std::fs::read_to_string(run.join("accel.txt")).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    match outcome.accel {
+        Accel::Kvm => assert!(line.starts_with("using KVM"), "{line}"),
+        Accel::Tcg => assert!(line.starts_with("using TCG, not KVM: "), "{line}"),
     }
     for entry in std::fs::read_dir(run).unwrap().flatten() {
         assert!(
@@ -129,13 +155,29 @@ fn bad_options_are_refused_before_anything_starts() {
     let err = Lab::run(&options).unwrap_err();
     assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
 
-    options.server_args = Vec::new();
+    options.server_args.clear();
     options.guest_control = GuestControl::Devices(vec!["gpu7".into()]);
     let err = Lab::run(&options).unwrap_err();
     assert!(
         format!("{err:#}").contains("--guest-control gpu7"),
         "{err:#}"
     );
+
+    // The accelerator is --accel's business, not an extra QEMU argument's.
+    options.guest_control = GuestControl::default();
+    options.qemu_args = vec!["-accel".into(), "kvm".into()];
+    let err = Lab::run(&options).unwrap_err();
+    assert!(format!("{err:#}").contains("--accel kvm|tcg"), "{err:#}");
+
+    // A forced KVM where the probe says it cannot run is an error naming
+    // the flag (on a host whose KVM runs, the run would boot: not here).
+    options.qemu_args.clear();
+    options.accel = Some(AccelRequest::Kvm);
+    if let Err(why) = accel::kvm_usable() {
+        let err = format!("{:#}", Lab::run(&options).unwrap_err());
+        assert!(err.contains("--accel kvm: KVM is not usable here"), "{err}");
+        assert!(err.contains(&why), "{err}");
+    }
 }
 
 #[test]
@@ -147,7 +189,7 @@ fn keep_leaves_the_lab_up_until_stop() {
                    p2plab-ctl nvme0 status >/dev/null 2>&1; echo NVME0_CTL=$?";
     let mut options = LabOptions::new("lab", Mode::Keep(Some(command.to_owned())));
     options.guest_control = GuestControl::Devices(vec!["gpu0".into()]);
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("keep"));
     let outcome = Lab::run(&options).expect("the lab comes up");

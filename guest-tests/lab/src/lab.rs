@@ -11,6 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
+use crate::accel::{
+    self, Accel, AccelChoice, AccelRequest, HostCpu, Requested, SplitArgs, Timeout,
+};
 use crate::console::{ExecLine, ExecTracker, LogFollower};
 use crate::guest_script::{self, GuestScript};
 use crate::kernel_log::{self, KernelLogCheck};
@@ -152,8 +155,11 @@ pub struct LabOptions {
     pub kernel: Option<PathBuf>,
     /// Extra kernel command-line words.
     pub append: Vec<String>,
-    /// Give up on an exec run after this long.
-    pub timeout: Option<Duration>,
+    /// Give up on an exec run (or, kept without a command, on the boot)
+    /// after this long.
+    pub timeout: Option<Timeout>,
+    /// The accelerator (`--accel`); `None`: `P2PLAB_ACCEL`, else auto.
+    pub accel: Option<AccelRequest>,
     /// Passed to the device servers as `--log-level`.
     pub log_level: Option<String>,
     /// Extra arguments for a server, by device id.
@@ -188,6 +194,7 @@ impl LabOptions {
             kernel: None,
             append: Vec::new(),
             timeout: None,
+            accel: None,
             log_level: None,
             server_args: Vec::new(),
             every_server_args: Vec::new(),
@@ -221,6 +228,8 @@ pub struct Outcome {
     /// Peak resident memory (VmHWM, bytes) of QEMU and each server, read
     /// just before they were stopped.
     pub peak_rss: Vec<(String, u64)>,
+    /// The accelerator the guest ran under.
+    pub accel: Accel,
 }
 
 /// Set by SIGINT/SIGTERM/SIGHUP; every wait loop checks it.
@@ -358,6 +367,10 @@ pub struct Lab {
     /// The topology as started (placeholders expanded, extra server
     /// arguments added): what `start_server` and `device_json` use again.
     pub topology: Topology,
+    /// The accelerator and vCPU QEMU runs with, and the line that said so.
+    pub accel: AccelChoice,
+    /// The topology's and the run's QEMU arguments without `-accel`/`-cpu`.
+    qemu_args: SplitArgs,
     pub(crate) servers: Vec<LabProcess>,
     pub(crate) qemu: Option<LabProcess>,
     /// Passed to every server start, restarts included.
@@ -432,6 +445,12 @@ impl Lab {
             }
         }
 
+        // Decided before anything starts: a forced KVM that cannot run is
+        // an error with nothing to clean up.
+        let (qemu_args, accel) = choose_accel(&topology, options)?;
+        progress(&accel.line);
+        std::fs::write(run_dir.join("accel.txt"), format!("{}\n", accel.line))?;
+
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
         }
@@ -443,6 +462,8 @@ impl Lab {
             paths,
             run_dir,
             topology,
+            accel,
+            qemu_args,
             servers: Vec::new(),
             qemu: None,
             log_level: options.log_level.clone(),
@@ -463,6 +484,12 @@ impl Lab {
         }
         lab.start_qemu(options)?;
         Ok(lab)
+    }
+
+    /// A wait on the guest whose TCG budget is `tcg`, under this lab's
+    /// accelerator (see `accel`: TCG keeps it as written).
+    pub fn budget(&self, tcg: Duration) -> Duration {
+        self.accel.accel.scale(tcg)
     }
 
     /// Starts the server of device `id` as the topology says and waits for
@@ -537,7 +564,7 @@ impl Lab {
         }
 
         let mut command = Command::new(self.paths.qemu());
-        command.args(&topology.qemu_args);
+        command.args(self.qemu_args.head(&self.accel));
         command
             .arg("-kernel")
             .arg(&kernel)
@@ -591,7 +618,7 @@ impl Lab {
                     run.join("monitor.sock").display()
                 ));
         }
-        command.args(&options.qemu_args);
+        command.args(&self.qemu_args.extra);
         std::fs::write(run.join("qemu.cmdline"), shell_words(&command))?;
         let qemu_log = run.join("qemu.log");
         let qemu = if interactive {
@@ -614,6 +641,7 @@ impl Lab {
             status: None,
             output: String::new(),
             peak_rss: Vec::new(),
+            accel: self.accel.accel,
         };
         match &options.mode {
             Mode::Interactive => {
@@ -630,7 +658,8 @@ impl Lab {
                     self.follow_exec(options, &mut outcome, false)?;
                     self.use_exact_output(&mut outcome);
                 } else {
-                    self.wait_for_console_line(crate::console::READY, options.timeout)?;
+                    let timeout = options.timeout.map(|t| t.under(self.accel.accel));
+                    self.wait_for_console_line(crate::console::READY, timeout)?;
                 }
                 self.detach()?;
                 return Ok(outcome);
@@ -661,7 +690,8 @@ impl Lab {
         let console_log = self.run_dir.join("console.log");
         let mut follower = LogFollower::new(&console_log);
         let mut tracker = ExecTracker::default();
-        let deadline = options.timeout.map(|t| Instant::now() + t);
+        let timeout = options.timeout.map(|t| t.under(self.accel.accel));
+        let deadline = timeout.map(|t| Instant::now() + t);
         let stdout = std::io::stdout();
         loop {
             for line in follower.poll_lines() {
@@ -725,8 +755,9 @@ impl Lab {
             if let Some(deadline) = deadline {
                 if Instant::now() > deadline {
                     bail!(
-                        "the guest did not finish within {:?}; console tail:\n{}",
-                        options.timeout.unwrap_or_default(),
+                        "the guest did not finish within {:?} ({}); console tail:\n{}",
+                        timeout.unwrap_or_default(),
+                        self.accel.accel,
                         tail(&console_log, 30)
                     );
                 }
@@ -739,7 +770,8 @@ impl Lab {
     fn wait_for_console_line(&mut self, needle: &str, timeout: Option<Duration>) -> Result<()> {
         let console_log = self.run_dir.join("console.log");
         let mut follower = LogFollower::new(&console_log);
-        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(300));
+        let deadline =
+            Instant::now() + timeout.unwrap_or_else(|| self.budget(Duration::from_secs(300)));
         loop {
             if follower.poll_lines().iter().any(|l| l.contains(needle))
                 || follower.take_partial().contains(needle)
@@ -897,6 +929,32 @@ pub fn stop_kept(run_dir: &Path) -> Result<()> {
     std::fs::remove_file(&pids_file)?;
     remove_sockets(run_dir);
     Ok(())
+}
+
+/// Splits the accelerator's arguments out of the topology's and the run's
+/// QEMU arguments and decides the accelerator for this boot (see `accel`).
+fn choose_accel(topology: &Topology, options: &LabOptions) -> Result<(SplitArgs, AccelChoice)> {
+    let split = accel::split_args(&topology.qemu_args, &options.qemu_args)?;
+    let requested = Requested::resolve(options.accel)?;
+    let choice = accel::choose(
+        &requested,
+        &topology.name,
+        split.tcg_cpu.as_deref(),
+        accel::kvm_usable,
+        HostCpu::read,
+    )?;
+    Ok((split, choice))
+}
+
+/// The accelerator a run with `options` would get, without starting
+/// anything (`p2plab-vm --setup-only` reports it).
+pub fn preview_accel(paths: &LabPaths, options: &LabOptions) -> Result<AccelChoice> {
+    let vars = Placeholders {
+        run: paths.runs.join("preview"),
+        state: paths.state.clone(),
+    };
+    let topology = Topology::load(&paths.topology(&options.topology)?, &vars)?;
+    Ok(choose_accel(&topology, options)?.1)
 }
 
 /// Creates a sparse backing file when it is missing; an existing one keeps
@@ -1097,6 +1155,101 @@ mod tests {
             assert!(write_guest_files(&dir, &files).is_err(), "{bad:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The shipped topologies, their TCG `-cpu`, and what KVM on an Intel
+    /// and on an AMD Zen host gives each (the table in the book's
+    /// reference, "Accelerators").
+    const VCPU_TABLE: &[(&str, &str, Accel, Accel)] = &[
+        ("anchor-qemu-nvme", "max", Accel::Kvm, Accel::Kvm),
+        ("lab", "max", Accel::Kvm, Accel::Kvm),
+        ("lab-pmr", "max", Accel::Kvm, Accel::Kvm),
+        ("rdma", "max", Accel::Kvm, Accel::Kvm),
+        ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
+        (
+            "rdma-separate",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        (
+            "same-switch-acs",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        (
+            "separate-root-ports",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        ("viommu", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
+        ("separate-root-ports-zen", "EPYC", Accel::Tcg, Accel::Kvm),
+    ];
+
+    /// Catches: a shipped topology whose QEMU command line gets no
+    /// `-accel`, two of them, the wrong `-cpu` for its accelerator (KVM:
+    /// `host`; TCG: the topology's own), a vendor-dependent topology run
+    /// under KVM on a host of the other vendor, or a new topology missing
+    /// from the documented table.
+    #[test]
+    fn every_shipped_topology_gets_its_accelerator_and_vcpu() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../qemu-configs");
+        let vars = Placeholders {
+            run: PathBuf::from("/r"),
+            state: PathBuf::from("/s"),
+        };
+        let mut shipped: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let path = e.unwrap().path();
+                let is_args = path.extension().is_some_and(|x| x == "args");
+                is_args.then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+            })
+            .collect();
+        shipped.sort();
+        let mut listed: Vec<String> = VCPU_TABLE.iter().map(|r| r.0.to_owned()).collect();
+        listed.sort();
+        assert_eq!(shipped, listed, "qemu-configs/ and the -cpu table differ");
+
+        let host = |vendor: &str, family| HostCpu {
+            vendor: vendor.to_owned(),
+            family,
+        };
+        let count = |args: &[String], word: &str| args.iter().filter(|a| *a == word).count();
+        let value = |args: &[String], word: &str| {
+            let at = args.iter().position(|a| a == word).unwrap();
+            args[at + 1].clone()
+        };
+        for &(name, tcg_cpu, on_intel, on_zen) in VCPU_TABLE {
+            let topology = Topology::load(&dir.join(format!("{name}.args")), &vars).unwrap();
+            let options = LabOptions::new(name, Mode::Interactive);
+            let split = accel::split_args(&topology.qemu_args, &options.qemu_args).unwrap();
+            assert_eq!(split.tcg_cpu.as_deref(), Some(tcg_cpu), "{name}");
+            let auto = Requested::flag(AccelRequest::Auto);
+            for (host, want) in [
+                (host("GenuineIntel", 6), on_intel),
+                (host("AuthenticAMD", 0x19), on_zen),
+            ] {
+                let cases = [(Ok(()), want), (Err("broken".to_owned()), Accel::Tcg)];
+                for (probe, want) in cases {
+                    let choice =
+                        accel::choose(&auto, name, Some(tcg_cpu), || probe, || Ok(host.clone()))
+                            .unwrap();
+                    let args = split.head(&choice);
+                    assert_eq!(choice.accel, want, "{name} on {host}");
+                    assert_eq!(count(&args, "-accel"), 1, "{name}: {args:?}");
+                    assert_eq!(count(&args, "-cpu"), 1, "{name}: {args:?}");
+                    let (accel_arg, cpu) = match want {
+                        Accel::Kvm => ("kvm", "host"),
+                        Accel::Tcg => ("tcg,thread=multi", tcg_cpu),
+                    };
+                    assert_eq!(value(&args, "-accel"), accel_arg, "{name} on {host}");
+                    assert_eq!(value(&args, "-cpu"), cpu, "{name} on {host}");
+                }
+            }
+        }
     }
 
     #[test]
