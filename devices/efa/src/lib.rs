@@ -9,6 +9,7 @@
 //! - [`admin`], [`io`], [`pbl`]: the formats the driver and user space
 //!   write (admin entries, WQEs, receive descriptors, page lists) and the
 //!   device writes (completions, events), parsed without trusting them.
+//! - [`fault`]: the EFA's fault vocabulary on p2plab-fault's grammar.
 //! - [`frame`] and [`link`]: the fabric between EFAs (packets with a
 //!   CRC-32C, and the port they go through).
 //! - [`Efa`] ([`model`]): the device as a state machine with its threads,
@@ -21,7 +22,8 @@
 //!
 //! ```text
 //! pci      -> model, regs, attrs, link
-//! model    -> admin, io, pbl, frame, link, attrs, defs, regs, stats, bytes
+//! model    -> fault, admin, io, pbl, frame, link, attrs, defs, regs, stats, bytes
+//! fault    -> defs
 //! admin, io, pbl, frame -> defs, attrs, bytes
 //! attrs    -> defs, regs, bytes
 //! link, stats, defs, regs, bytes   (leaves)
@@ -31,6 +33,7 @@ pub mod admin;
 pub mod attrs;
 pub mod bytes;
 pub mod defs;
+pub mod fault;
 pub mod frame;
 pub mod io;
 pub mod link;
@@ -41,9 +44,10 @@ pub mod regs;
 pub mod stats;
 
 pub use attrs::DeviceAttrs;
-pub use link::{ChannelLink, Link, LinkError, NoLink};
+pub use link::{ChannelLink, Link, LinkError, NoLink, WireLink};
 pub use model::{Efa, EfaControl, EfaOptions, ObjectCounts};
 pub use p2plab_kit::PciIds;
+pub use p2plab_wire::{Wire, WireConfig, WireOptions};
 pub use pci::{efa_function, EfaError, EfaFunction};
 pub use regs::DEFAULT_IDS;
 pub use stats::{Stats, StatsSnapshot};

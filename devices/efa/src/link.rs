@@ -135,6 +135,59 @@ impl Link for ChannelLink {
     }
 }
 
+/// How long a [`WireLink`] send waits for a slow peer before the packet
+/// counts as lost (SRD sends it again).
+pub const WIRE_SEND_WAIT: Duration = Duration::from_millis(200);
+
+/// A port on p2plab-wire: the unix-socket wire between two server
+/// processes (`--wire listen:PATH` / `connect:PATH`), or a loopback. Each
+/// packet is one frame's payload; the EFA's own checksum stays inside it,
+/// so a frame the wire corrupted is dropped by the receiving device.
+#[derive(Debug)]
+pub struct WireLink {
+    wire: p2plab_wire::Wire,
+}
+
+impl WireLink {
+    /// A port on `wire`.
+    pub fn new(wire: p2plab_wire::Wire) -> Self {
+        Self { wire }
+    }
+
+    /// The wire's counters.
+    pub fn stats(&self) -> p2plab_wire::WireStatsSnapshot {
+        self.wire.stats()
+    }
+}
+
+impl Link for WireLink {
+    fn send(&self, packet: Vec<u8>) -> Result<(), LinkError> {
+        use p2plab_wire::{Frame, SendError};
+        let deadline = Instant::now() + WIRE_SEND_WAIT;
+        let give_up = || Instant::now() >= deadline;
+        match self.wire.send(Frame::new(packet), &give_up) {
+            Ok(_) => Ok(()),
+            // Our own wait ran out (Stopped) or the wire's did: the peer
+            // is slow; the packet is lost.
+            Err(SendError::TimedOut) => Err(LinkError::Congested),
+            Err(SendError::Stopped) if give_up() => Err(LinkError::Congested),
+            Err(_) => Err(LinkError::Down),
+        }
+    }
+
+    fn recv(&self, timeout: Duration) -> Option<Vec<u8>> {
+        self.wire.recv_timeout(timeout).map(|frame| frame.payload)
+    }
+
+    fn is_up(&self) -> bool {
+        self.wire.link_up()
+    }
+
+    fn shutdown(&self) {
+        self.wire.shutdown();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +212,27 @@ mod tests {
         let none = NoLink::default();
         assert_eq!(none.send(vec![1]), Err(LinkError::Down));
         assert!(!none.is_up());
+    }
+
+    /// Catches: a wire port that loses, alters or misroutes packets
+    /// between two ends, or that says it is up after shutdown.
+    #[test]
+    fn a_wire_pair_carries_packets_both_ways() {
+        let (a, b) = p2plab_wire::Wire::pair();
+        let (a, b) = (WireLink::new(a), WireLink::new(b));
+        assert!(a.is_up() && b.is_up());
+        for i in 0..4u8 {
+            a.send(vec![i; 100 + usize::from(i)]).unwrap();
+        }
+        for i in 0..4u8 {
+            assert_eq!(
+                b.recv(Duration::from_secs(1)),
+                Some(vec![i; 100 + usize::from(i)])
+            );
+        }
+        b.send(vec![9; 9000]).unwrap();
+        assert_eq!(a.recv(Duration::from_secs(1)), Some(vec![9; 9000]));
+        assert_eq!(a.stats().frames_received, 1);
+        assert_eq!(a.recv(Duration::from_millis(1)), None);
     }
 }

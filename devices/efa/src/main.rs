@@ -9,11 +9,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use anyhow::Result;
 use clap::Parser;
 use p2plab_efa::attrs::{format_gid, parse_gid, DeviceAttrs};
-use p2plab_efa::{efa_function, EfaOptions, Link, NoLink, DEFAULT_IDS};
-use p2plab_fault::EfaFaultSpec;
+use p2plab_efa::fault::EfaFaultSpec;
+use p2plab_efa::{
+    efa_function, EfaOptions, Link, NoLink, Wire, WireConfig, WireLink, WireOptions, DEFAULT_IDS,
+};
 use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
@@ -74,6 +77,11 @@ struct Args {
     /// Milliseconds between AENQ keep-alive events (0: none).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     keep_alive_ms: u64,
+    /// The fabric port's wire (p2plab-wire): `loopback`, `listen:PATH` or
+    /// `connect:PATH` (a unix socket; the other EFA takes the other end).
+    /// Without it the port has no peer: the link stays down.
+    #[arg(long, value_name = "WIRE")]
+    wire: Option<WireConfig>,
     /// PCI identity (default 1d0f:efa1).
     #[command(flatten)]
     ids: PciIdArgs,
@@ -161,7 +169,18 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let options = EfaOptions {
         keep_alive: (args.keep_alive_ms > 0).then(|| Duration::from_millis(args.keep_alive_ms)),
     };
-    let link: Arc<dyn Link> = Arc::new(NoLink::default());
+    let link: Arc<dyn Link> = match &args.wire {
+        None => Arc::new(NoLink::default()),
+        Some(config) => {
+            let options = WireOptions {
+                allowed_uids: args.server.allow_uid.clone(),
+                thread_name: "efa-wire".into(),
+                ..WireOptions::default()
+            };
+            let wire = Wire::open(config, options).with_context(|| format!("--wire {config}"))?;
+            Arc::new(WireLink::new(wire))
+        }
+    };
     let dma = DmaSpace::new();
     info!(gid = %format_gid(&attrs.gid), guid = format_args!("{:#x}", attrs.guid), "p2plab-efa starting");
     let function = efa_function(&ids, attrs, options, Arc::new(dma.clone()), link)?;

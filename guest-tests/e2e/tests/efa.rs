@@ -55,7 +55,7 @@ use std::collections::BTreeMap;
 
 use common::{run_guest, Boot, GuestRun};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::GuestScript;
+use p2plab_lab::{GuestControl, GuestScript};
 
 const XFER_SIZE: u64 = 4 << 20;
 const XFER_MSG: u64 = 8192;
@@ -123,6 +123,9 @@ fn unmodified_stack_on_two_efas() {
             "efa*Unknown event was received or event with unimplemented handler",
             2,
         )],
+        // The guest script reads both servers' counters and arms faults
+        // itself, through its own control channel to each.
+        guest_control: GuestControl::Devices(vec!["efa0".into(), "efa1".into()]),
         ..Boot::default()
     };
     let run = run_guest("rdma-efa", &script, boot);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use p2plab_fault::{EfaAction, EfaFaultSpec};
+use crate::fault::{EfaAction, EfaFaultSpec};
 use p2plab_kit::regs::register_values;
 use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl};
 
@@ -83,10 +83,9 @@ impl EfaControl {
             }
             _ => {}
         }
-        let id = self.0.faults().arm(spec);
+        let id = self.0.faults().arm(spec).map_err(|e| e.to_string())?;
         tracing::info!(id, %spec, "fault armed");
         if spec.action == EfaAction::LinkDown {
-            self.0.faults().note_link_down();
             super::set_port(&self.0, false);
         }
         Ok(id)

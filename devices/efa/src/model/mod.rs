@@ -42,8 +42,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::fault::EfaFaults;
 use p2plab_dma::{Access, DmaFault, DmaFaultKind, GuestMemory, RegionMemory};
-use p2plab_fault::EfaInjector;
 use p2plab_kit::regs::{accepted_write_dwords, read_bytes};
 use p2plab_kit::{DmaGate, Interrupts, QuiesceTimeout};
 
@@ -100,7 +100,7 @@ pub(crate) struct Device {
     pub inbound_rx: Mutex<Receiver<Vec<u8>>>,
     pub reliability: Mutex<Reliability>,
     pub stats: Stats,
-    pub faults: Mutex<EfaInjector>,
+    pub faults: Mutex<EfaFaults>,
     pub trace: p2plab_trace::Tracer,
     pub started: Instant,
     pub stopping: AtomicBool,
@@ -113,7 +113,7 @@ impl Device {
         lock(&self.state)
     }
 
-    pub(crate) fn faults(&self) -> MutexGuard<'_, EfaInjector> {
+    pub(crate) fn faults(&self) -> MutexGuard<'_, EfaFaults> {
         lock(&self.faults)
     }
 
@@ -195,7 +195,7 @@ impl Efa {
             inbound_rx: Mutex::new(inbound_rx),
             reliability: Mutex::new(Reliability::default()),
             stats: Stats::default(),
-            faults: Mutex::new(EfaInjector::default()),
+            faults: Mutex::new(EfaFaults::default()),
             trace: p2plab_trace::Tracer::new(),
             started: Instant::now(),
             stopping: AtomicBool::new(false),
