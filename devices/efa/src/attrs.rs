@@ -255,7 +255,11 @@ impl DeviceAttrs {
                 put_u8(&mut d, 31, 48); // virt_addr_width
                 put_u32(&mut d, 32, self.device_caps);
                 put_u32(&mut d, 36, self.max_rdma_size);
-                put_u64(&mut d, 40, self.guid);
+                // The driver copies this field into ib_device.node_guid,
+                // a big-endian value: ibv_devinfo shows its bytes in
+                // order, so `--guid 0x7032efa000000001` reads
+                // 7032:efa0:0000:0001.
+                d[40..48].copy_from_slice(&self.guid.to_be_bytes());
                 put_u16(&mut d, 48, self.max_link_speed_gbps);
             }
             FeatureId::QueueAttr1 => {
@@ -340,7 +344,7 @@ mod tests {
         assert_eq!(u32_at(&dev, 20), 1, "admin_api_version");
         assert_eq!(u16_at(&dev, 28), 4, "db_bar");
         assert_eq!(u32_at(&dev, 32), 0b1011);
-        assert_eq!(u64_at(&dev, 40), attrs.guid);
+        assert_eq!(dev[40..48], attrs.guid.to_be_bytes(), "guid, big-endian");
         let q = attrs.feature_data(FeatureId::QueueAttr1, 0).unwrap();
         assert_eq!(u32_at(&q, 0), 64);
         assert_eq!(u32_at(&q, 8), 32, "inline_buf_size");

@@ -32,6 +32,11 @@ pub trait Link: Send + Sync + 'static {
     fn is_up(&self) -> bool;
     /// Wakes and fails every waiter; the link is done.
     fn shutdown(&self);
+    /// The carrier's own counters, for `status` under `wire` (none for
+    /// an in-process link).
+    fn counters(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// A port with nothing attached: sends fail, nothing arrives.
@@ -186,6 +191,10 @@ impl Link for WireLink {
     fn shutdown(&self) {
         self.wire.shutdown();
     }
+
+    fn counters(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.wire.stats()).ok()
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +242,9 @@ mod tests {
         b.send(vec![9; 9000]).unwrap();
         assert_eq!(a.recv(Duration::from_secs(1)), Some(vec![9; 9000]));
         assert_eq!(a.stats().frames_received, 1);
+        let counters = a.counters().unwrap();
+        assert_eq!(counters["frames_received"], 1, "{counters}");
+        assert_eq!(NoLink::default().counters(), None);
         assert_eq!(a.recv(Duration::from_millis(1)), None);
     }
 }

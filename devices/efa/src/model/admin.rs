@@ -671,16 +671,22 @@ fn reg_mr(device: &Device, r: &RegMr, epoch: Epoch) -> Outcome {
     let page_size_ok = r.page_shift >= 12
         && r.page_shift < 64
         && attrs.page_size_cap & (1u64 << r.page_shift) != 0;
+    // The driver leaves page_num 0 (efa_admin_cmds_defs.h: "redundant,
+    // could be calculated"): the pages the IOVA range spans are the
+    // count. A page_num that is set must agree with them.
     let spanned = pages_spanned(r.iova, r.mr_length, r.page_shift);
+    let Some(page_num) = spanned.and_then(|n| u32::try_from(n).ok()) else {
+        return fail(AdminStatus::IllegalParameter);
+    };
     if r.phys_mode
         || r.permissions & !mr_access::ALL != 0
         || !page_size_ok
-        || r.page_num == 0
-        || r.page_num > attrs.max_mr_pages
-        || spanned != Some(u64::from(r.page_num))
+        || (r.page_num != 0 && r.page_num != page_num)
+        || page_num > attrs.max_mr_pages
     {
         return fail(AdminStatus::IllegalParameter);
     }
+    let r = &RegMr { page_num, ..*r };
     let list = match PageList::read(&device.gate.bound(epoch), r) {
         Ok(list) => list,
         Err(PblError::Mismatch(_) | PblError::Unaligned { .. }) => {

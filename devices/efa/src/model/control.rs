@@ -98,10 +98,11 @@ impl EfaControl {
 }
 
 impl DeviceControl for EfaControl {
-    /// The counters, the live objects, and whether the port is up, flat.
+    /// The counters, the live objects, and whether the port is up, flat;
+    /// the wire's own counters under `wire` when the port has a wire.
     fn counters(&self) -> serde_json::Value {
         let o = self.objects();
-        counters_with(
+        let mut json = counters_with(
             self.stats(),
             &[
                 ("link_up", u64::from(self.link_up())),
@@ -113,7 +114,11 @@ impl DeviceControl for EfaControl {
                 ("eqs", o.eqs),
                 ("qps", o.qps),
             ],
-        )
+        );
+        if let (Some(object), Some(wire)) = (json.as_object_mut(), self.0.link.counters()) {
+            object.insert("wire".into(), wire);
+        }
+        json
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {

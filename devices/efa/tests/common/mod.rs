@@ -372,7 +372,8 @@ impl Driver {
         p[36..44].copy_from_slice(&len.to_le_bytes());
         p[44] = 12;
         p[45] = access;
-        p[48..52].copy_from_slice(&page_num.to_le_bytes());
+        // page_num (payload 48..52) stays 0: the 7.3 driver never sets
+        // it ("redundant, could be calculated"), the device counts.
         p[52..60].copy_from_slice(&iova.to_le_bytes());
         let mut flags = 0u8;
         if page_num <= 4 && chained.is_none() {
