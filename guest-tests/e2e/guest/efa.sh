@@ -81,7 +81,7 @@ say CQ_ERROR_EXIT $?
 facts CQ_ERROR < /tmp/c1
 
 # --- 7. an admin command error: ALLOC_PD fails with RESOURCE_ALLOCATION_FAILURE
-p2plab-ctl efa1 inject admin-error=1,opcode=14,count=1 >/dev/null; say INJECT_ADMIN_EXIT $?
+p2plab-ctl efa1 inject admin-error=1,opcode=alloc-pd,count=1 >/dev/null; say INJECT_ADMIN_EXIT $?
 p2plab-efa-check send-one --src efa_0 --dst efa_1 > /tmp/a1 2>&1
 say ADMIN_ERROR_EXIT $?
 say ADMIN_ERROR_MESSAGE "$(grep -o 'ibv_alloc_pd: .*' /tmp/a1 | head -n1)"

@@ -34,7 +34,7 @@
 //! 6. `cq-error=12` on efa0: the next send completes with
 //!    IBV_WC_BAD_RESP_ERR, vendor_err 12. Catches: injected completion
 //!    errors that do not reach the application.
-//! 7. `admin-error=1,opcode=14` on efa1: ibv_alloc_pd fails with ENOMEM
+//! 7. `admin-error=1,opcode=alloc-pd` on efa1: ibv_alloc_pd fails with ENOMEM
 //!    (RESOURCE_ALLOCATION_FAILURE), the next run works. Catches: admin
 //!    statuses the driver maps to another errno, a queue broken by an error.
 //! 8. `link-down` on efa0: the driver logs the AENQ event ("Unknown event
