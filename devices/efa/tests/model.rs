@@ -31,7 +31,11 @@ fn the_drivers_probe_gets_every_attribute() {
     assert_eq!(supported & 0x3c, 0x3c);
     assert_eq!(u32_at(&dev, 8 + 20), 1, "admin_api_version");
     assert_eq!(u16_at(&dev, 8 + 28), 4, "db_bar");
-    assert_eq!(u64_at(&dev, 8 + 40), 0x1007, "the GUID the server set");
+    assert_eq!(
+        dev[8 + 40..8 + 48],
+        0x1007u64.to_be_bytes(),
+        "the GUID the server set, in ib_device.node_guid's byte order"
+    );
     let q = d.get_feature(4);
     assert_eq!(u32_at(&q, 8), 64, "max_qp");
     assert_eq!(u16_at(&q, 8 + 24), 1, "sub_cqs_per_cq");
