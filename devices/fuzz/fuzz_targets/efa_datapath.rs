@@ -289,7 +289,8 @@ fuzz_target!(|data: &[u8]| {
                 let bytes = input.take(16);
                 desc[..bytes.len()].copy_from_slice(bytes);
                 if op & 0x40 != 0 {
-                    desc[0..8].copy_from_slice(&(dev.base + BUF + u64::from(desc[0]) * 64).to_le_bytes());
+                    let addr = dev.base + BUF + u64::from(desc[0]) * 64;
+                    desc[0..8].copy_from_slice(&addr.to_le_bytes());
                     desc[10..12].copy_from_slice(&9000u16.to_le_bytes());
                     desc[12..16].copy_from_slice(&(dev.key | 3 << 30).to_le_bytes());
                 }
