@@ -336,6 +336,7 @@ impl Lab {
             };
             server.args.extend(extra.iter().cloned());
         }
+        route_servers(&mut topology, options, &run_dir)?;
 
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
@@ -801,6 +802,44 @@ pub fn stop_kept(run_dir: &Path) -> Result<()> {
     }
     std::fs::remove_file(&pids_file)?;
     remove_sockets(run_dir);
+    Ok(())
+}
+
+/// Under a vIOMMU, gives every server that has no `--direct-peers` of its
+/// own the routing table derived from the machine (see `routing`), and
+/// writes it to the run folder's `routing.txt`.
+fn route_servers(topology: &mut Topology, options: &LabOptions, run_dir: &Path) -> Result<()> {
+    let has_table = |args: &[String]| {
+        args.iter()
+            .any(|a| a == "--direct-peers" || a.starts_with("--direct-peers="))
+    };
+    if topology.servers.iter().all(|s| has_table(&s.args)) {
+        return Ok(());
+    }
+    let mut qemu_args = topology.qemu_args.clone();
+    qemu_args.extend(options.qemu_args.iter().cloned());
+    let cmdline: Vec<String> = BASE_CMDLINE
+        .split_whitespace()
+        .chain(options.append.iter().flat_map(|a| a.split_whitespace()))
+        .map(str::to_owned)
+        .collect();
+    let ids: Vec<String> = topology.servers.iter().map(|s| s.id.clone()).collect();
+    let Some(routing) = crate::routing::derive(&qemu_args, &ids, &cmdline)
+        .with_context(|| format!("routing the device servers of topology {}", topology.name))?
+    else {
+        return Ok(());
+    };
+    for server in &mut topology.servers {
+        if has_table(&server.args) {
+            continue;
+        }
+        if let Some(peers) = routing.direct_peers.get(&server.id) {
+            server.args.push("--direct-peers".to_owned());
+            server.args.push(peers.clone());
+        }
+    }
+    std::fs::write(run_dir.join("routing.txt"), routing.describe())
+        .with_context(|| format!("writing {}", run_dir.join("routing.txt").display()))?;
     Ok(())
 }
 
