@@ -147,7 +147,8 @@ fuzz_target!(|data: &[u8]| {
                     "drop-irq",
                 ][usize::from(op >> 4) % 4];
                 if let Ok(spec) = spec.parse() {
-                    nic.control().inject(spec);
+                    // Past the cap the spec is refused; the rings go on.
+                    let _ = nic.control().inject(spec);
                 }
             }
         }

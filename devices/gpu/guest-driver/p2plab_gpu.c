@@ -9,8 +9,9 @@
  *   the record, advances REG_FENCE and raises an interrupt.
  * - /dev/p2plab-gpuN: ioctls (p2plab_gpu_uapi.h) to query the device and
  *   to run copy/fill/checksum jobs synchronously, and mmap of VRAM.
- * - VRAM allocations (carved from the published p2pmem), exported to other
- *   kernel modules through the peer-memory API of p2plab_p2p.h and to
+ * - VRAM allocations (carved from the published p2pmem in 64 KiB GPU
+ *   pages), exported to other kernel modules through two peer-memory APIs,
+ *   p2plab's (p2plab_p2p.h) and NVIDIA's (nv-p2p.h, nvidia_p2p_*), and to
  *   dma-buf importers; freeing, closing, reset and unbind revoke them.
  *
  * Lifetime: the char device's struct device owns the driver state, so open
@@ -35,6 +36,7 @@
 #include <linux/list.h>
 #include <linux/minmax.h>
 #include <linux/mm.h>
+#include <linux/mman.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/pci.h>
@@ -43,6 +45,7 @@
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/scatterlist.h>
+#include <linux/sizes.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/sysfs.h>
@@ -51,6 +54,7 @@
 
 #include "p2plab_gpu_hw.h"
 #include "p2plab_gpu_uapi.h"
+#include "nv-p2p.h"
 #include "p2plab_p2p.h"
 #include "p2plab_pci.h"
 
@@ -64,6 +68,12 @@
  * was lost completes within one poll instead of timing out.
  */
 #define FENCE_POLL_MS		200
+/*
+ * VRAM is handed out in GPU pages of 64 KiB, the page of NVIDIA's
+ * peer-memory API: allocations, their offsets and the user addresses they
+ * are mapped at are multiples of it.
+ */
+#define GPU_PAGE_SIZE		SZ_64K
 
 static unsigned int ring_entries = 256;
 module_param(ring_entries, uint, 0444);
@@ -136,11 +146,17 @@ struct p2plab_gpu {
 	 */
 	struct mutex alloc_lock;
 	struct list_head allocs;
+	struct list_head retained;	/* freed allocations held by persistent pins */
 	u32 next_handle;
 	bool allocs_closed;		/* remove started: no new allocations */
 	struct p2pdma_provider *provider;	/* BAR2 for dma-buf mappings */
 	atomic_t p2p_revocations;	/* free callbacks run */
 	atomic_t dmabuf_revocations;	/* dma-bufs invalidated by a revoke */
+	atomic_t p2p_pins;		/* page tables of both APIs not yet freed */
+	atomic_t p2p_maps;		/* their DMA mappings not yet freed */
+	atomic_t p2p_bus_addr_maps;	/* mappings made with PCI bus addresses */
+	/* The board's UUID, for NVIDIA's page tables: stable per PCI location. */
+	u8 uuid[NVIDIA_P2P_GPU_UUID_LEN];
 
 	/* Recovery counters, in sysfs. */
 	atomic_t engine_resets;		/* hung engine stopped and restarted */
@@ -628,7 +644,7 @@ static long ioctl_info(struct p2plab_gpu *gpu, struct p2plab_gpu_info __user *ui
 	return copy_to_user(uinfo, &info, sizeof(info)) ? -EFAULT : 0;
 }
 
-/* ---- VRAM allocations, the peer-memory API and dma-buf export ---- */
+/* ---- VRAM allocations, the peer-memory APIs and dma-buf export ---- */
 
 MODULE_IMPORT_NS("DMA_BUF");
 
@@ -637,36 +653,88 @@ static const struct file_operations p2plab_gpu_fops;
 /*
  * A VRAM allocation. The owning file's reference is dropped when it is
  * freed; pins and dma-bufs hold their own. The VRAM itself goes back to
- * the p2pmem pool at revocation, after every importer was told.
+ * the p2pmem pool at revocation, after every importer was told, or, when
+ * persistent pins (nvidia_p2p_get_pages_persistent) hold it, when the last
+ * of them is put or a reset or unbind tears them down.
  */
 struct gpu_alloc {
 	struct kref ref;
 	struct list_head node;		/* gpu->allocs while owned, under alloc_lock */
+	struct list_head retained;	/* gpu->retained: freed, held by persistent pins */
 	struct p2plab_gpu *gpu;		/* holds a reference on gpu->dev */
 	struct gpu_file *owner;		/* NULL once freed by its owner */
 	u32 handle;
-	u64 offset;			/* in VRAM */
-	u64 size;
-	void *p2p_va;			/* from pci_alloc_p2pmem; NULL once revoked */
+	u64 offset;			/* in VRAM, a multiple of GPU_PAGE_SIZE */
+	u64 size;			/* a multiple of GPU_PAGE_SIZE */
+	void *p2p_va;			/* p2pmem address of offset; NULL once given back */
+	void *pool_va;			/* what pci_alloc_p2pmem returned, */
+	size_t pool_size;		/* and for how many bytes */
 	bool revoked;			/* under alloc_lock */
 	struct list_head pins;		/* struct gpu_pin, under alloc_lock */
 	struct list_head dmabufs;	/* struct gpu_dmabuf, under alloc_lock */
 };
 
-/* One p2plab_p2p_get_pages() result; the page table is its first member. */
+/* Which API made a pin, and so what its page table looks like. */
+enum gpu_pin_kind {
+	PIN_P2PLAB,			/* p2plab_p2p_get_pages: 4 KiB pages */
+	PIN_NV,				/* nvidia_p2p_get_pages: 64 KiB pages */
+	PIN_NV_PERSISTENT,		/* nvidia_p2p_get_pages_persistent */
+};
+
+/* Where an NVIDIA pin is in its life (under nv_lock). */
+enum nv_pin_state {
+	NV_LIVE,
+	NV_REVOKING,			/* its free callback runs */
+	NV_DONE,			/* off nv_pins; the last waiter frees it */
+};
+
+/*
+ * One pinned range of an allocation. The page table the importer sees is
+ * the first member; which one depends on the kind.
+ */
 struct gpu_pin {
-	struct p2plab_p2p_page_table pt;
+	union {
+		struct p2plab_p2p_page_table pt;	/* PIN_P2PLAB */
+		struct nvidia_p2p_page_table nv;	/* PIN_NV, PIN_NV_PERSISTENT */
+	};
+	enum gpu_pin_kind kind;
 	struct list_head node;		/* alloc->pins until put or revoked */
 	struct gpu_alloc *alloc;	/* reference */
+	u64 offset;			/* VRAM offset of the first byte */
+	u64 len;
+	/* Called at revocation; NULL for a persistent pin. */
 	void (*free_callback)(void *data);
 	void *data;
 	bool revoked;			/* under alloc_lock */
-	unsigned int mappings;		/* under alloc_lock */
+	struct list_head maps;		/* struct gpu_p2p_map, under alloc_lock */
+
+	/* NVIDIA API only, under nv_lock. */
+	struct list_head nv_node;	/* nv_pins until NV_DONE */
+	enum nv_pin_state nv_state;
+	unsigned int nv_waiters;	/* put_pages waiting for the callback */
+	struct task_struct *nv_callback_task;
+	void (*nv_callback)(void *data);	/* the importer's */
+	void *nv_data;
+	u64 nv_va;
+	u32 nv_flags;			/* of get_pages_persistent */
+	struct nvidia_p2p_page *nv_page_array;	/* [entries], nv.pages points here */
+	u8 nv_uuid[NVIDIA_P2P_GPU_UUID_LEN];
 };
 
+/* A DMA mapping of a pin for one peer; the importer's view comes first. */
 struct gpu_p2p_map {
-	struct p2plab_p2p_dma_mapping map;
+	union {
+		struct p2plab_p2p_dma_mapping map;	/* PIN_P2PLAB */
+		struct nvidia_p2p_dma_mapping nv;	/* the NVIDIA kinds */
+	};
+	struct list_head node;		/* pin->maps until released, under alloc_lock */
+	struct gpu_pin *pin;
+	struct pci_dev *peer;		/* reference */
 	struct sg_table sgt;
+	dma_addr_t *dma;		/* [pin->len / PAGE_SIZE] */
+	u32 map_type;			/* enum pci_p2pdma_map_type */
+	bool mapped;			/* sgt is DMA-mapped (under alloc_lock) */
+	bool torn_down;			/* unmapped under the importer (under alloc_lock) */
 };
 
 struct gpu_dmabuf {
@@ -682,7 +750,7 @@ static void alloc_release(struct kref *ref)
 {
 	struct gpu_alloc *a = container_of(ref, struct gpu_alloc, ref);
 
-	WARN_ON(a->p2p_va);
+	WARN_ON(a->pool_va);
 	put_device(&a->gpu->dev);
 	kfree(a);
 }
@@ -692,32 +760,77 @@ static void alloc_put(struct gpu_alloc *a)
 	kref_put(&a->ref, alloc_release);
 }
 
+/* Under alloc_lock: takes @a's VRAM for pci_free_p2pmem (NULL if none). */
+static void *alloc_take_vram(struct gpu_alloc *a, size_t *size)
+{
+	void *va = a->pool_va;
+
+	*size = a->pool_size;
+	a->p2p_va = NULL;
+	a->pool_va = NULL;
+	return va;
+}
+
+/*
+ * Under alloc_lock: a reset or unbind takes the VRAM of a persistent pin.
+ * Its DMA mappings are unmapped now, while the pages still exist; the
+ * importer, which has no callback to hear it, still owns the table and
+ * the mappings and releases them with put_pages_persistent.
+ */
+static void pin_tear_down(struct gpu_pin *pin)
+{
+	struct gpu_p2p_map *m;
+
+	list_for_each_entry(m, &pin->maps, node) {
+		if (m->mapped)
+			dma_unmap_sgtable(&m->peer->dev, &m->sgt, DMA_BIDIRECTIONAL,
+					  DMA_ATTR_SKIP_CPU_SYNC);
+		m->mapped = false;
+		m->torn_down = true;
+	}
+}
+
 /*
  * Takes @a out of service: every pinned page table gets its free callback,
  * every dma-buf is invalidated, user mappings of the range are zapped, and
- * only then does the VRAM go back to the pool. Idempotent; sleeps.
+ * only then does the VRAM go back to the pool. Persistent pins keep it
+ * (the allocation waits on gpu->retained) unless @hard (a reset or unbind,
+ * which lose the memory whatever holds it): then they are torn down with
+ * a warning, since nobody can be told. Idempotent; sleeps.
  */
-static void alloc_revoke(struct gpu_alloc *a)
+static void alloc_revoke(struct gpu_alloc *a, bool hard, const char *why)
 {
 	struct p2plab_gpu *gpu = a->gpu;
 	struct gpu_pin *pin, *tmp;
 	struct gpu_dmabuf *db;
 	struct gpu_file *gf;
+	unsigned int torn = 0;
+	bool first, drop = false;
+	size_t size = 0;
 	LIST_HEAD(pins);
-	void *va;
+	void *va = NULL;
 
 	mutex_lock(&gpu->alloc_lock);
-	if (a->revoked) {
+	if (a->revoked && !(hard && a->p2p_va)) {
 		mutex_unlock(&gpu->alloc_lock);
 		return;
 	}
+	first = !a->revoked;
 	a->revoked = true;
-	list_splice_init(&a->pins, &pins);
-	list_for_each_entry(pin, &pins, node)
-		pin->revoked = true;
+	list_for_each_entry_safe(pin, tmp, &a->pins, node) {
+		if (pin->free_callback) {
+			list_move_tail(&pin->node, &pins);
+			pin->revoked = true;
+		} else if (hard) {
+			list_del_init(&pin->node);
+			pin->revoked = true;
+			pin_tear_down(pin);
+			torn++;
+		}
+	}
 	list_for_each_entry(db, &a->dmabufs, node) {
-		/* A dma-buf being released has no importers left to tell. */
-		if (!get_file_active(&db->dmabuf->file))
+		/* Told once; a dma-buf being released has no importers left. */
+		if (!first || !get_file_active(&db->dmabuf->file))
 			continue;
 		dma_resv_lock(db->dmabuf->resv, NULL);
 		db->revoked = true;
@@ -726,29 +839,49 @@ static void alloc_revoke(struct gpu_alloc *a)
 		atomic_inc(&gpu->dmabuf_revocations);
 		fput(db->dmabuf->file);
 	}
-	va = a->p2p_va;
-	a->p2p_va = NULL;
+	if (list_empty(&a->pins)) {
+		va = alloc_take_vram(a, &size);
+		if (!list_empty(&a->retained)) {
+			list_del_init(&a->retained);
+			drop = true;	/* gpu->retained's reference */
+		}
+	} else if (list_empty(&a->retained)) {
+		kref_get(&a->ref);
+		list_add_tail(&a->retained, &gpu->retained);
+	}
 	mutex_unlock(&gpu->alloc_lock);
+
+	if (torn)
+		dev_warn(&gpu->pdev->dev,
+			 "%s took VRAM %#llx+%#llx from %u persistent peer-memory pin(s): no callback to tell their importer, whose DMA addresses are now stale\n",
+			 why, a->offset, a->size, torn);
 
 	/* No lock held: the callbacks may sleep and call back into us. */
 	list_for_each_entry_safe(pin, tmp, &pins, node) {
 		list_del_init(&pin->node);
 		atomic_inc(&gpu->p2p_revocations);
-		/* The callback frees the page table (and pin) itself. */
+		/* The callback (and whoever it tells) frees the table. */
 		pin->free_callback(pin->data);
 	}
 
-	mutex_lock(&gpu->files_lock);
-	list_for_each_entry(gf, &gpu->files, node)
-		unmap_mapping_range(gf->filp->f_mapping, a->offset, a->size, 1);
-	mutex_unlock(&gpu->files_lock);
+	if (first) {
+		mutex_lock(&gpu->files_lock);
+		list_for_each_entry(gf, &gpu->files, node)
+			unmap_mapping_range(gf->filp->f_mapping, a->offset, a->size, 1);
+		mutex_unlock(&gpu->files_lock);
+	}
 
 	if (va)
-		pci_free_p2pmem(gpu->pdev, va, a->size);
+		pci_free_p2pmem(gpu->pdev, va, size);
+	if (drop)
+		alloc_put(a);
 }
 
-/* Revokes every allocation (reset, unbind); owners keep their handles. */
-static void revoke_all_allocs(struct p2plab_gpu *gpu)
+/*
+ * Revokes every allocation, and tears down the persistent pins of freed
+ * ones (reset, unbind); owners keep their handles.
+ */
+static void revoke_all_allocs(struct p2plab_gpu *gpu, const char *why)
 {
 	struct gpu_alloc *a;
 
@@ -758,17 +891,53 @@ static void revoke_all_allocs(struct p2plab_gpu *gpu)
 		mutex_lock(&gpu->alloc_lock);
 		list_for_each_entry(a, &gpu->allocs, node) {
 			if (!a->revoked) {
-				kref_get(&a->ref);
 				found = a;
 				break;
 			}
 		}
+		if (!found && !list_empty(&gpu->retained))
+			found = list_first_entry(&gpu->retained, struct gpu_alloc, retained);
+		if (found)
+			kref_get(&found->ref);
 		mutex_unlock(&gpu->alloc_lock);
 		if (!found)
 			return;
-		alloc_revoke(found);
+		alloc_revoke(found, true, why);
 		alloc_put(found);
 	}
+}
+
+/* VRAM offset of a p2pmem address of the GPU. */
+static u64 p2pmem_offset(struct p2plab_gpu *gpu, void *va)
+{
+	return pci_p2pmem_virt_to_bus(gpu->pdev, va) - gpu->vram_bus;
+}
+
+/*
+ * Under alloc_lock: @size bytes of VRAM for @a at a GPU_PAGE_SIZE-aligned
+ * offset. Our own allocations keep the pool aligned; a foreign user of the
+ * published p2pmem (sysfs p2pmem/allocate) may not, so a misaligned block
+ * is traded for one a GPU page larger, aligned inside.
+ */
+static int alloc_vram(struct p2plab_gpu *gpu, struct gpu_alloc *a, u64 size)
+{
+	size_t pool = size;
+	void *va = pci_alloc_p2pmem(gpu->pdev, pool);
+	u64 off;
+
+	if (va && !IS_ALIGNED(p2pmem_offset(gpu, va), GPU_PAGE_SIZE)) {
+		pci_free_p2pmem(gpu->pdev, va, pool);
+		pool = size + GPU_PAGE_SIZE - PAGE_SIZE;
+		va = pci_alloc_p2pmem(gpu->pdev, pool);
+	}
+	if (!va)
+		return -ENOMEM;
+	off = p2pmem_offset(gpu, va);
+	a->pool_va = va;
+	a->pool_size = pool;
+	a->offset = ALIGN(off, GPU_PAGE_SIZE);
+	a->p2p_va = va + (a->offset - off);
+	return 0;
 }
 
 static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uarg)
@@ -783,7 +952,7 @@ static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uar
 		return -EFAULT;
 	if (!arg.size || arg.size > gpu->vram_size || arg.pad)
 		return -EINVAL;
-	size = PAGE_ALIGN(arg.size);
+	size = ALIGN(arg.size, GPU_PAGE_SIZE);
 	if (!gpu->p2pmem || !gpu->provider)
 		return -ENODEV;
 
@@ -793,6 +962,7 @@ static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uar
 	kref_init(&a->ref);
 	INIT_LIST_HEAD(&a->pins);
 	INIT_LIST_HEAD(&a->dmabufs);
+	INIT_LIST_HEAD(&a->retained);
 	a->gpu = gpu;
 	get_device(&gpu->dev);
 	a->size = size;
@@ -802,12 +972,9 @@ static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uar
 		ret = -ENODEV;
 		goto err_unlock;
 	}
-	a->p2p_va = pci_alloc_p2pmem(gpu->pdev, size);
-	if (!a->p2p_va) {
-		ret = -ENOMEM;
+	ret = alloc_vram(gpu, a, size);
+	if (ret)
 		goto err_unlock;
-	}
-	a->offset = pci_p2pmem_virt_to_bus(gpu->pdev, a->p2p_va) - gpu->vram_bus;
 	a->owner = gf;
 	a->handle = ++gpu->next_handle ?: ++gpu->next_handle;
 	list_add_tail(&a->node, &gpu->allocs);
@@ -822,7 +989,7 @@ static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uar
 		list_del(&a->node);
 		a->owner = NULL;
 		mutex_unlock(&gpu->alloc_lock);
-		alloc_revoke(a);
+		alloc_revoke(a, false, "ALLOC");
 		alloc_put(a);
 		return -EFAULT;
 	}
@@ -868,7 +1035,7 @@ static long ioctl_free(struct gpu_file *gf, u32 __user *uhandle)
 	a = alloc_find(gf, handle, true);
 	if (!a)
 		return -ENOENT;
-	alloc_revoke(a);
+	alloc_revoke(a, false, "FREE");
 	alloc_put(a);
 	return 0;
 }
@@ -893,37 +1060,53 @@ static void free_file_allocs(struct gpu_file *gf)
 		mutex_unlock(&gpu->alloc_lock);
 		if (!found)
 			return;
-		alloc_revoke(found);
+		alloc_revoke(found, false, "close");
 		alloc_put(found);
 	}
 }
 
-/* -- peer-memory API (p2plab_p2p.h) -- */
+/* -- pins and DMA mappings, what both peer-memory APIs are made of -- */
 
-int p2plab_p2p_get_pages(u64 user_va, u64 len, struct p2plab_p2p_page_table **page_table,
-			 void (*free_callback)(void *data), void *data)
+/* Under alloc_lock: the kind's page table, now that the offset is known. */
+static void pin_fill(struct gpu_pin *pin, struct p2plab_gpu *gpu)
+{
+	u64 phys = gpu->vram_phys + pin->offset;
+	u32 i;
+
+	if (pin->kind == PIN_P2PLAB) {
+		for (i = 0; i < pin->pt.entries; i++)
+			pin->pt.phys[i] = phys + ((u64)i << PAGE_SHIFT);
+		pin->pt.vram_offset = pin->offset;
+		pin->pt.gpu = gpu->pdev;
+	} else {
+		for (i = 0; i < pin->nv.entries; i++)
+			pin->nv_page_array[i].physical_address = phys + (u64)i * GPU_PAGE_SIZE;
+		memcpy(pin->nv_uuid, gpu->uuid, sizeof(pin->nv_uuid));
+	}
+}
+
+/*
+ * Pins [@user_va, @user_va + pin->len) of the caller: it must lie in one
+ * mmap of /dev/p2plab-gpuN and in one live allocation. @pin comes with its
+ * kind, length, callback and table arrays; from here on a revocation may
+ * call its callback. -EFAULT: not such memory; -ENODEV: the GPU is going.
+ */
+static int pin_register(struct gpu_pin *pin, u64 user_va)
 {
 	struct mm_struct *mm = current->mm;
 	struct vm_area_struct *vma;
-	struct p2plab_gpu *gpu = NULL;
 	struct gpu_alloc *a, *alloc = NULL;
 	struct file *file = NULL;
-	struct gpu_pin *pin;
-	u64 offset = 0, entries, i;
-	int ret;
+	struct p2plab_gpu *gpu;
+	u64 offset = 0;
+	int ret = 0;
 
-	might_sleep();
-	if (!page_table || !free_callback || !len || !PAGE_ALIGNED(user_va) ||
-	    !PAGE_ALIGNED(len) || user_va + len < user_va)
-		return -EINVAL;
-	entries = len >> PAGE_SHIFT;
-	if (entries > U32_MAX || !mm)
-		return -EINVAL;
-
+	if (!mm)
+		return -EFAULT;
 	mmap_read_lock(mm);
 	vma = vma_lookup(mm, user_va);
 	if (vma && vma->vm_file && vma->vm_file->f_op == &p2plab_gpu_fops &&
-	    user_va + len <= vma->vm_end) {
+	    user_va + pin->len <= vma->vm_end) {
 		file = get_file(vma->vm_file);
 		offset = ((u64)vma->vm_pgoff << PAGE_SHIFT) + (user_va - vma->vm_start);
 	}
@@ -932,103 +1115,141 @@ int p2plab_p2p_get_pages(u64 user_va, u64 len, struct p2plab_p2p_page_table **pa
 		return -EFAULT;
 	gpu = ((struct gpu_file *)file->private_data)->gpu;
 
-	pin = kzalloc(sizeof(*pin), GFP_KERNEL);
-	if (!pin) {
-		ret = -ENOMEM;
-		goto out_file;
-	}
-	pin->pt.phys = kvmalloc_array(entries, sizeof(u64), GFP_KERNEL);
-	if (!pin->pt.phys) {
-		ret = -ENOMEM;
-		goto err_pin;
-	}
-
 	mutex_lock(&gpu->alloc_lock);
 	if (gpu->allocs_closed || READ_ONCE(gpu->resetting)) {
 		ret = -ENODEV;
-		goto err_unlock;
+		goto out;
 	}
 	list_for_each_entry(a, &gpu->allocs, node) {
-		if (!a->revoked && offset >= a->offset && offset + len <= a->offset + a->size) {
+		if (!a->revoked && offset >= a->offset && offset + pin->len <= a->offset + a->size) {
 			alloc = a;
 			break;
 		}
 	}
 	if (!alloc) {
 		ret = -EFAULT;
-		goto err_unlock;
+		goto out;
 	}
 	kref_get(&alloc->ref);
 	pin->alloc = alloc;
-	pin->free_callback = free_callback;
-	pin->data = data;
-	pin->pt.version = P2PLAB_P2P_PAGE_TABLE_VERSION;
-	pin->pt.page_size = P2PLAB_P2P_PAGE_SIZE;
-	pin->pt.entries = entries;
-	pin->pt.vram_offset = offset;
-	pin->pt.gpu = gpu->pdev;
-	pin->pt.priv = pin;
-	for (i = 0; i < entries; i++)
-		pin->pt.phys[i] = gpu->vram_phys + offset + (i << PAGE_SHIFT);
+	pin->offset = offset;
+	pin_fill(pin, gpu);
 	list_add_tail(&pin->node, &alloc->pins);
+	atomic_inc(&gpu->p2p_pins);
+out:
 	mutex_unlock(&gpu->alloc_lock);
-
-	*page_table = &pin->pt;
-	ret = 0;
-	goto out_file;
-
-err_unlock:
-	mutex_unlock(&gpu->alloc_lock);
-	kvfree(pin->pt.phys);
-err_pin:
-	kfree(pin);
-out_file:
 	fput(file);
 	return ret;
 }
-EXPORT_SYMBOL_GPL(p2plab_p2p_get_pages);
 
-static struct gpu_pin *pt_pin(struct p2plab_p2p_page_table *pt)
+static struct gpu_pin *pin_new(enum gpu_pin_kind kind, u64 len)
 {
-	return pt && pt->version == P2PLAB_P2P_PAGE_TABLE_VERSION ? pt->priv : NULL;
+	struct gpu_pin *pin = kzalloc(sizeof(*pin), GFP_KERNEL);
+
+	if (!pin)
+		return NULL;
+	pin->kind = kind;
+	pin->len = len;
+	INIT_LIST_HEAD(&pin->node);
+	INIT_LIST_HEAD(&pin->maps);
+	INIT_LIST_HEAD(&pin->nv_node);
+	return pin;
+}
+
+/* Frees a pin that nothing can reach any more (no maps left). */
+static void pin_free(struct gpu_pin *pin)
+{
+	struct gpu_alloc *a = pin->alloc;
+
+	WARN_ON(!list_empty(&pin->maps));
+	if (pin->kind == PIN_P2PLAB) {
+		pin->pt.version = 0;	/* a stale pointer fails the version check */
+		kvfree(pin->pt.phys);
+	} else {
+		kvfree(pin->nv.pages);
+		kvfree(pin->nv_page_array);
+	}
+	kfree(pin);
+	if (a) {
+		atomic_dec(&a->gpu->p2p_pins);
+		alloc_put(a);
+	}
 }
 
 /*
- * DMA-maps the pinned pages for @peer the way the kernel maps P2PDMA pages
- * for any driver (dma_map_sgtable on ZONE_DEVICE p2p pages): bus addresses
- * behind a common switch, a regular mapping through an allowed host
- * bridge, -EREMOTEIO otherwise. The distance check before it puts the
- * kernel's reason for a refusal in dmesg.
+ * Unpins @pin, which has no DMA mappings left: 0 (then only pin_free is
+ * left to do), -ENOENT when a revocation took it first (its callback owns
+ * it), -EBUSY while mappings exist. The last pin of a freed allocation
+ * (a persistent one) gives its VRAM back.
  */
-int p2plab_p2p_dma_map_pages(struct pci_dev *peer, struct p2plab_p2p_page_table *page_table,
-			     struct p2plab_p2p_dma_mapping **dma_mapping)
+static int pin_unpin(struct gpu_pin *pin)
 {
-	struct gpu_pin *pin = pt_pin(page_table);
-	struct device *client;
-	struct scatterlist *sg;
-	struct p2plab_gpu *gpu;
+	struct gpu_alloc *a = pin->alloc;
+	struct p2plab_gpu *gpu = a->gpu;
+	bool drop = false;
+	size_t size = 0;
+	void *va = NULL;
+
+	mutex_lock(&gpu->alloc_lock);
+	if (pin->revoked && pin->free_callback) {
+		mutex_unlock(&gpu->alloc_lock);
+		return -ENOENT;
+	}
+	if (!list_empty(&pin->maps)) {
+		mutex_unlock(&gpu->alloc_lock);
+		return -EBUSY;
+	}
+	/* A torn-down persistent pin is off the list already. */
+	list_del_init(&pin->node);
+	if (a->revoked && a->p2p_va && list_empty(&a->pins)) {
+		va = alloc_take_vram(a, &size);
+		list_del_init(&a->retained);
+		drop = true;
+	}
+	mutex_unlock(&gpu->alloc_lock);
+	if (va)
+		pci_free_p2pmem(gpu->pdev, va, size);
+	if (drop)
+		alloc_put(a);
+	return 0;
+}
+
+/*
+ * DMA-maps @pin's pages for @peer the way the kernel maps P2PDMA pages for
+ * any driver (dma_map_sgtable on ZONE_DEVICE p2p pages): bus addresses
+ * behind a common switch, a regular mapping through an allowed host
+ * bridge. The distance check first puts the kernel's reason for a refusal
+ * in dmesg. Returns the map, on pin->maps, with one address per 4 KiB page
+ * in m->dma; ERR_PTR -EREMOTEIO (the kernel refuses the pair), -ENODEV
+ * (revoked), -ENOMEM, -EIO.
+ */
+static struct gpu_p2p_map *pin_dma_map(struct gpu_pin *pin, struct pci_dev *peer)
+{
+	struct gpu_alloc *a = pin->alloc;
+	struct p2plab_gpu *gpu = a->gpu;
+	u64 n = pin->len >> PAGE_SHIFT, i, k;
+	struct device *client = &peer->dev;
 	struct gpu_p2p_map *m;
+	struct scatterlist *sg;
 	struct page **pages;
-	u32 i, n;
+	unsigned int j;
 	int ret;
 
 	might_sleep();
-	if (!pin || !peer || !dma_mapping)
-		return -EINVAL;
-	gpu = pin->alloc->gpu;
 	if (READ_ONCE(pin->revoked))
-		return -ENODEV;
-	client = &peer->dev;
+		return ERR_PTR(-ENODEV);
 	if (pci_p2pdma_distance_many(gpu->pdev, &client, 1, true) < 0)
-		return -EINVAL;
+		return ERR_PTR(-EREMOTEIO);
 
 	m = kzalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
-		return -ENOMEM;
-	m->map.dma_addresses = kvmalloc_array(page_table->entries, sizeof(dma_addr_t),
-					      GFP_KERNEL);
-	pages = kvmalloc_array(page_table->entries, sizeof(*pages), GFP_KERNEL);
-	if (!m->map.dma_addresses || !pages) {
+		return ERR_PTR(-ENOMEM);
+	INIT_LIST_HEAD(&m->node);
+	m->pin = pin;
+	m->peer = pci_dev_get(peer);
+	m->dma = kvmalloc_array(n, sizeof(*m->dma), GFP_KERNEL);
+	pages = kvmalloc_array(n, sizeof(*pages), GFP_KERNEL);
+	if (!m->dma || !pages) {
 		ret = -ENOMEM;
 		goto err_free;
 	}
@@ -1040,86 +1261,204 @@ int p2plab_p2p_dma_map_pages(struct pci_dev *peer, struct p2plab_p2p_page_table 
 		goto err_free;
 	}
 	/* The allocation's p2pmem pages; they stay until revocation. */
-	for (i = 0; i < page_table->entries; i++)
-		pages[i] = virt_to_page(pin->alloc->p2p_va +
-					(page_table->vram_offset - pin->alloc->offset) +
-					((u64)i << PAGE_SHIFT));
-	pin->mappings++;
+	for (i = 0; i < n; i++)
+		pages[i] = virt_to_page(a->p2p_va + (pin->offset - a->offset) + (i << PAGE_SHIFT));
+	list_add_tail(&m->node, &pin->maps);
 	mutex_unlock(&gpu->alloc_lock);
 
-	ret = sg_alloc_table_from_pages(&m->sgt, pages, page_table->entries, 0,
-					(u64)page_table->entries << PAGE_SHIFT, GFP_KERNEL);
+	ret = sg_alloc_table_from_pages(&m->sgt, pages, n, 0, pin->len, GFP_KERNEL);
 	if (ret)
-		goto err_count;
+		goto err_unlink;
 	ret = dma_map_sgtable(&peer->dev, &m->sgt, DMA_BIDIRECTIONAL, DMA_ATTR_SKIP_CPU_SYNC);
 	if (ret) {
 		dev_warn(&peer->dev, "p2plab_gpu %s: DMA mapping of VRAM refused: %d\n",
 			 pci_name(gpu->pdev), ret);
-		ret = -EINVAL;
+		ret = ret == -EREMOTEIO ? -EREMOTEIO : -EIO;
 		goto err_sgt;
 	}
-	m->map.map_type = PCI_P2PDMA_MAP_THRU_HOST_BRIDGE;
-	n = 0;
-	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
+	m->map_type = PCI_P2PDMA_MAP_THRU_HOST_BRIDGE;
+	k = 0;
+	for_each_sgtable_dma_sg(&m->sgt, sg, j) {
 		dma_addr_t addr = sg_dma_address(sg);
 		unsigned int left = sg_dma_len(sg);
 
 		if (sg_dma_is_bus_address(sg))
-			m->map.map_type = PCI_P2PDMA_MAP_BUS_ADDR;
-		for (; left && n < page_table->entries; left -= min(left, PAGE_SIZE)) {
-			m->map.dma_addresses[n++] = addr;
+			m->map_type = PCI_P2PDMA_MAP_BUS_ADDR;
+		for (; left && k < n; left -= min(left, PAGE_SIZE)) {
+			m->dma[k++] = addr;
 			addr += PAGE_SIZE;
 		}
 	}
-	if (WARN_ON_ONCE(n != page_table->entries)) {
+	if (WARN_ON_ONCE(k != n)) {
 		ret = -EIO;
 		goto err_unmap;
 	}
+	mutex_lock(&gpu->alloc_lock);
+	if (m->torn_down) {
+		/* A reset or unbind took the pin's memory meanwhile. */
+		mutex_unlock(&gpu->alloc_lock);
+		ret = -ENODEV;
+		goto err_unmap;
+	}
+	m->mapped = true;
+	mutex_unlock(&gpu->alloc_lock);
 	kvfree(pages);
-	m->map.version = P2PLAB_P2P_DMA_MAPPING_VERSION;
-	m->map.entries = page_table->entries;
-	m->map.page_size = P2PLAB_P2P_PAGE_SIZE;
-	m->map.peer = pci_dev_get(peer);
-	m->map.pt = page_table;
-	m->map.priv = m;
-	*dma_mapping = &m->map;
-	return 0;
+	atomic_inc(&gpu->p2p_maps);
+	if (m->map_type == PCI_P2PDMA_MAP_BUS_ADDR)
+		atomic_inc(&gpu->p2p_bus_addr_maps);
+	return m;
 
 err_unmap:
 	dma_unmap_sgtable(&peer->dev, &m->sgt, DMA_BIDIRECTIONAL, DMA_ATTR_SKIP_CPU_SYNC);
 err_sgt:
 	sg_free_table(&m->sgt);
-err_count:
+err_unlink:
 	mutex_lock(&gpu->alloc_lock);
-	pin->mappings--;
+	list_del(&m->node);
 	mutex_unlock(&gpu->alloc_lock);
 err_free:
 	kvfree(pages);
-	kvfree(m->map.dma_addresses);
+	kvfree(m->dma);
+	pci_dev_put(m->peer);
 	kfree(m);
-	return ret;
+	return ERR_PTR(ret);
+}
+
+/* Under alloc_lock: takes @m off its pin, once; false if it was off. */
+static bool map_unlink(struct gpu_p2p_map *m)
+{
+	if (list_empty(&m->node))
+		return false;
+	list_del_init(&m->node);
+	return true;
+}
+
+/* Releases a map that map_unlink took off its pin. */
+static void map_free(struct gpu_p2p_map *m)
+{
+	struct p2plab_gpu *gpu = m->pin->alloc->gpu;
+
+	/* Not under alloc_lock: mapped only changes while the map is listed. */
+	if (m->mapped)
+		dma_unmap_sgtable(&m->peer->dev, &m->sgt, DMA_BIDIRECTIONAL,
+				  DMA_ATTR_SKIP_CPU_SYNC);
+	sg_free_table(&m->sgt);
+	atomic_dec(&gpu->p2p_maps);
+	pci_dev_put(m->peer);
+	if (m->pin->kind != PIN_P2PLAB)
+		kvfree(m->nv.dma_addresses);
+	kvfree(m->dma);
+	kfree(m);
+}
+
+/* Releases every map still on @pin. */
+static void pin_release_maps(struct gpu_pin *pin)
+{
+	struct p2plab_gpu *gpu = pin->alloc->gpu;
+	struct gpu_p2p_map *m;
+
+	for (;;) {
+		mutex_lock(&gpu->alloc_lock);
+		m = list_first_entry_or_null(&pin->maps, struct gpu_p2p_map, node);
+		if (m)
+			map_unlink(m);
+		mutex_unlock(&gpu->alloc_lock);
+		if (!m)
+			return;
+		map_free(m);
+	}
+}
+
+/* -- peer-memory API (p2plab_p2p.h) -- */
+
+int p2plab_p2p_get_pages(u64 user_va, u64 len, struct p2plab_p2p_page_table **page_table,
+			 void (*free_callback)(void *data), void *data)
+{
+	struct gpu_pin *pin;
+	u64 entries;
+	int ret;
+
+	might_sleep();
+	if (!page_table || !free_callback || !len || !PAGE_ALIGNED(user_va) ||
+	    !PAGE_ALIGNED(len) || user_va + len < user_va)
+		return -EINVAL;
+	entries = len >> PAGE_SHIFT;
+	if (entries > U32_MAX || !current->mm)
+		return -EINVAL;
+
+	pin = pin_new(PIN_P2PLAB, len);
+	if (!pin)
+		return -ENOMEM;
+	pin->free_callback = free_callback;
+	pin->data = data;
+	pin->pt.version = P2PLAB_P2P_PAGE_TABLE_VERSION;
+	pin->pt.page_size = P2PLAB_P2P_PAGE_SIZE;
+	pin->pt.entries = entries;
+	pin->pt.priv = pin;
+	pin->pt.phys = kvmalloc_array(entries, sizeof(u64), GFP_KERNEL);
+	if (!pin->pt.phys) {
+		pin_free(pin);
+		return -ENOMEM;
+	}
+	ret = pin_register(pin, user_va);
+	if (ret) {
+		pin_free(pin);
+		return ret;
+	}
+	*page_table = &pin->pt;
+	return 0;
+}
+EXPORT_SYMBOL_GPL(p2plab_p2p_get_pages);
+
+static struct gpu_pin *pt_pin(struct p2plab_p2p_page_table *pt)
+{
+	return pt && pt->version == P2PLAB_P2P_PAGE_TABLE_VERSION ? pt->priv : NULL;
+}
+
+/* Refusals by the kernel come back as -EINVAL, see p2plab_p2p.h. */
+int p2plab_p2p_dma_map_pages(struct pci_dev *peer, struct p2plab_p2p_page_table *page_table,
+			     struct p2plab_p2p_dma_mapping **dma_mapping)
+{
+	struct gpu_pin *pin = pt_pin(page_table);
+	struct gpu_p2p_map *m;
+
+	might_sleep();
+	if (!pin || !peer || !dma_mapping)
+		return -EINVAL;
+	m = pin_dma_map(pin, peer);
+	if (IS_ERR(m))
+		return PTR_ERR(m) == -EREMOTEIO || PTR_ERR(m) == -EIO ? -EINVAL : PTR_ERR(m);
+	m->map.version = P2PLAB_P2P_DMA_MAPPING_VERSION;
+	m->map.entries = page_table->entries;
+	m->map.page_size = P2PLAB_P2P_PAGE_SIZE;
+	m->map.map_type = m->map_type;
+	m->map.dma_addresses = m->dma;
+	m->map.peer = peer;
+	m->map.pt = page_table;
+	m->map.priv = m;
+	*dma_mapping = &m->map;
+	return 0;
 }
 EXPORT_SYMBOL_GPL(p2plab_p2p_dma_map_pages);
-
-static void p2p_map_free(struct gpu_p2p_map *m)
-{
-	struct gpu_pin *pin = pt_pin(m->map.pt);
-	struct p2plab_gpu *gpu = pin->alloc->gpu;
-
-	dma_unmap_sgtable(&m->map.peer->dev, &m->sgt, DMA_BIDIRECTIONAL,
-			  DMA_ATTR_SKIP_CPU_SYNC);
-	sg_free_table(&m->sgt);
-	mutex_lock(&gpu->alloc_lock);
-	pin->mappings--;
-	mutex_unlock(&gpu->alloc_lock);
-	pci_dev_put(m->map.peer);
-	kvfree(m->map.dma_addresses);
-	kfree(m);
-}
 
 static struct gpu_p2p_map *map_of(struct p2plab_p2p_dma_mapping *map)
 {
 	return map && map->version == P2PLAB_P2P_DMA_MAPPING_VERSION ? map->priv : NULL;
+}
+
+/* Takes @m off its pin and releases it; -EINVAL if it was not on one. */
+static int p2p_map_release(struct gpu_p2p_map *m)
+{
+	struct p2plab_gpu *gpu = m->pin->alloc->gpu;
+	bool ok;
+
+	mutex_lock(&gpu->alloc_lock);
+	ok = map_unlink(m);
+	mutex_unlock(&gpu->alloc_lock);
+	if (!ok)
+		return -EINVAL;
+	map_free(m);
+	return 0;
 }
 
 int p2plab_p2p_dma_unmap_pages(struct pci_dev *peer, struct p2plab_p2p_page_table *page_table,
@@ -1130,8 +1469,7 @@ int p2plab_p2p_dma_unmap_pages(struct pci_dev *peer, struct p2plab_p2p_page_tabl
 	might_sleep();
 	if (!m || !pt_pin(page_table) || dma_mapping->pt != page_table || dma_mapping->peer != peer)
 		return -EINVAL;
-	p2p_map_free(m);
-	return 0;
+	return p2p_map_release(m);
 }
 EXPORT_SYMBOL_GPL(p2plab_p2p_dma_unmap_pages);
 
@@ -1142,44 +1480,23 @@ int p2plab_p2p_free_dma_mapping(struct p2plab_p2p_dma_mapping *dma_mapping)
 	might_sleep();
 	if (!m)
 		return -EINVAL;
-	p2p_map_free(m);
-	return 0;
+	return p2p_map_release(m);
 }
 EXPORT_SYMBOL_GPL(p2plab_p2p_free_dma_mapping);
-
-static void pin_free(struct gpu_pin *pin)
-{
-	struct gpu_alloc *a = pin->alloc;
-
-	pin->pt.version = 0;	/* a stale pointer fails the version check */
-	kvfree(pin->pt.phys);
-	kfree(pin);
-	alloc_put(a);
-}
 
 int p2plab_p2p_put_pages(struct p2plab_p2p_page_table *page_table)
 {
 	struct gpu_pin *pin = pt_pin(page_table);
-	struct p2plab_gpu *gpu;
+	int ret;
 
 	might_sleep();
 	if (!pin)
 		return -EINVAL;
-	gpu = pin->alloc->gpu;
-	mutex_lock(&gpu->alloc_lock);
-	if (pin->revoked) {
-		/* The free callback owns the table now. */
-		mutex_unlock(&gpu->alloc_lock);
-		return -ENOENT;
-	}
-	if (pin->mappings) {
-		mutex_unlock(&gpu->alloc_lock);
-		return -EBUSY;
-	}
-	list_del(&pin->node);
-	mutex_unlock(&gpu->alloc_lock);
-	pin_free(pin);
-	return 0;
+	/* -ENOENT: the free callback owns the table now. */
+	ret = pin_unpin(pin);
+	if (!ret)
+		pin_free(pin);
+	return ret;
 }
 EXPORT_SYMBOL_GPL(p2plab_p2p_put_pages);
 
@@ -1187,25 +1504,431 @@ int p2plab_p2p_free_page_table(struct p2plab_p2p_page_table *page_table)
 {
 	struct gpu_pin *pin = pt_pin(page_table);
 	struct p2plab_gpu *gpu;
-	bool ok;
+	bool revoked, ok;
 
 	might_sleep();
 	if (!pin)
 		return -EINVAL;
 	gpu = pin->alloc->gpu;
 	mutex_lock(&gpu->alloc_lock);
-	ok = pin->revoked && !pin->mappings;
+	revoked = pin->revoked;
+	ok = revoked && list_empty(&pin->maps);
 	mutex_unlock(&gpu->alloc_lock);
 	if (!ok) {
 		/* Not from a callback, or mappings left: leaking beats a use after free. */
 		pr_warn_ratelimited(DRV_NAME ": free_page_table %s\n",
-				    pin->revoked ? "with DMA mappings left" : "outside the free callback");
-		return pin->revoked ? -EBUSY : -EINVAL;
+				    revoked ? "with DMA mappings left" : "outside the free callback");
+		return revoked ? -EBUSY : -EINVAL;
 	}
 	pin_free(pin);
 	return 0;
 }
 EXPORT_SYMBOL_GPL(p2plab_p2p_free_page_table);
+
+/*
+ * -- NVIDIA's peer-memory API (nv-p2p.h) --
+ *
+ * The same pins and maps, with NVIDIA's tables (64 KiB GPU pages) and
+ * NVIDIA's ownership rules: the GPU driver, not the importer, frees a
+ * revoked table and its mappings once the importer's callback returned
+ * (free_page_table and free_dma_mapping do nothing), put_pages releases
+ * mappings left behind and waits for a callback in flight, and calls on
+ * a table that is gone find nothing and return 0. Tables are looked up by
+ * address in nv_pins, never dereferenced first, so a stale pointer is
+ * harmless. nv_lock is taken before alloc_lock and never held while an
+ * importer's callback runs. Exported like NVIDIA's (EXPORT_SYMBOL), so a
+ * module that links against nvidia.ko links against us.
+ */
+
+static DEFINE_MUTEX(nv_lock);
+static LIST_HEAD(nv_pins);			/* struct gpu_pin, NV_LIVE or NV_REVOKING */
+static DECLARE_WAIT_QUEUE_HEAD(nv_wq);		/* pins reaching NV_DONE */
+
+/* Under nv_lock: the pin of @pt, if it is one of ours and not done. */
+static struct gpu_pin *nv_pin_find(struct nvidia_p2p_page_table *pt)
+{
+	struct gpu_pin *pin;
+
+	list_for_each_entry(pin, &nv_pins, nv_node)
+		if (&pin->nv == pt)
+			return pin;
+	return NULL;
+}
+
+/* What NVIDIA's driver returns where ours knows more. */
+static int nv_errno(int err)
+{
+	switch (err) {
+	case -EFAULT:		/* not GPU memory of the caller */
+		return -EINVAL;
+	case -ENODEV:		/* the GPU is gone or resetting */
+		return -EIO;
+	case -EREMOTEIO:	/* the kernel refuses P2P for the pair */
+		return -ENOTSUPP;
+	default:
+		return err;
+	}
+}
+
+/* Whether a revocation took @pin to call its free callback. */
+static bool pin_revoked_with_callback(struct gpu_pin *pin)
+{
+	struct p2plab_gpu *gpu = pin->alloc->gpu;
+	bool revoked;
+
+	mutex_lock(&gpu->alloc_lock);
+	revoked = pin->revoked && pin->free_callback;
+	mutex_unlock(&gpu->alloc_lock);
+	return revoked;
+}
+
+/* A waiter of a done pin lets go; the last one frees it. */
+static void nv_waiter_done(struct gpu_pin *pin)
+{
+	bool last;
+
+	mutex_lock(&nv_lock);
+	last = !--pin->nv_waiters;
+	mutex_unlock(&nv_lock);
+	if (last)
+		pin_free(pin);
+}
+
+/* Under nv_lock: whether the current task runs one of our free callbacks. */
+static bool nv_in_callback(void)
+{
+	struct gpu_pin *pin;
+
+	list_for_each_entry(pin, &nv_pins, nv_node)
+		if (pin->nv_callback_task == current)
+			return true;
+	return false;
+}
+
+/*
+ * Called with nv_lock held on a pin whose callback runs or is about to:
+ * waits until it returned and the table is gone (as NVIDIA's put_pages
+ * waits for the RM lock its free path holds). From inside a callback
+ * (this pin's, or another's whose revocation calls this one's next) it
+ * returns at once: waiting there could never end. Drops nv_lock.
+ */
+static void nv_wait_callback(struct gpu_pin *pin)
+{
+	if (nv_in_callback()) {
+		mutex_unlock(&nv_lock);
+		return;
+	}
+	pin->nv_waiters++;
+	mutex_unlock(&nv_lock);
+	wait_event(nv_wq, READ_ONCE(pin->nv_state) == NV_DONE);
+	nv_waiter_done(pin);
+}
+
+/* The core's free callback of NVIDIA pins: the importer's, then cleanup. */
+static void nv_free_callback(void *data)
+{
+	struct gpu_pin *pin = data;
+	bool last;
+
+	mutex_lock(&nv_lock);
+	pin->nv_state = NV_REVOKING;
+	pin->nv_callback_task = current;
+	mutex_unlock(&nv_lock);
+
+	pin->nv_callback(pin->nv_data);
+
+	/* The importer stopped its DMA; what it left mapped is ours to free. */
+	pin_release_maps(pin);
+	mutex_lock(&nv_lock);
+	pin->nv_callback_task = NULL;
+	list_del_init(&pin->nv_node);
+	WRITE_ONCE(pin->nv_state, NV_DONE);
+	/* Off the list: no new waiters; those there free it last. */
+	last = !pin->nv_waiters;
+	mutex_unlock(&nv_lock);
+	wake_up_all(&nv_wq);
+	if (last)
+		pin_free(pin);
+}
+
+static int nv_get_pages(u64 va, u64 len, struct nvidia_p2p_page_table **page_table,
+			void (*free_callback)(void *data), void *data, u32 flags)
+{
+	struct gpu_pin *pin;
+	u64 entries, i;
+	int ret;
+
+	might_sleep();
+	if (!page_table)
+		return -EINVAL;
+	*page_table = NULL;
+	if (!len || !IS_ALIGNED(va, GPU_PAGE_SIZE) || !IS_ALIGNED(len, GPU_PAGE_SIZE) ||
+	    va + len < va)
+		return -EINVAL;
+	entries = len / GPU_PAGE_SIZE;
+	if (entries > U32_MAX)
+		return -EINVAL;
+
+	pin = pin_new(free_callback ? PIN_NV : PIN_NV_PERSISTENT, len);
+	if (!pin)
+		return -ENOMEM;
+	if (free_callback) {
+		pin->free_callback = nv_free_callback;
+		pin->data = pin;
+	}
+	pin->nv_callback = free_callback;
+	pin->nv_data = data;
+	pin->nv_va = va;
+	pin->nv_flags = flags;
+	pin->nv_page_array = kvcalloc(entries, sizeof(*pin->nv_page_array), GFP_KERNEL);
+	pin->nv.pages = kvmalloc_array(entries, sizeof(*pin->nv.pages), GFP_KERNEL);
+	if (!pin->nv_page_array || !pin->nv.pages) {
+		pin_free(pin);
+		return -ENOMEM;
+	}
+	pin->nv.version = NVIDIA_P2P_PAGE_TABLE_VERSION;
+	pin->nv.page_size = NVIDIA_P2P_PAGE_SIZE_64KB;
+	pin->nv.entries = entries;
+	pin->nv.gpu_uuid = pin->nv_uuid;
+	pin->nv.flags = 0;
+	for (i = 0; i < entries; i++)
+		pin->nv.pages[i] = &pin->nv_page_array[i];
+
+	/* A revocation's callback waits for nv_lock: it sees a listed pin. */
+	mutex_lock(&nv_lock);
+	ret = pin_register(pin, va);
+	if (ret) {
+		mutex_unlock(&nv_lock);
+		pin_free(pin);
+		return nv_errno(ret);
+	}
+	pin->nv_state = NV_LIVE;
+	list_add_tail(&pin->nv_node, &nv_pins);
+	*page_table = &pin->nv;
+	mutex_unlock(&nv_lock);
+	return 0;
+}
+
+int nvidia_p2p_get_pages(uint64_t p2p_token, uint32_t va_space, uint64_t virtual_address,
+			 uint64_t length, struct nvidia_p2p_page_table **page_table,
+			 void (*free_callback)(void *data), void *data)
+{
+	/* NVIDIA's wants data too, and tokens are a thing of the past. */
+	if (!free_callback || !data || p2p_token || va_space)
+		return -EINVAL;
+	return nv_get_pages(virtual_address, length, page_table, free_callback, data, 0);
+}
+EXPORT_SYMBOL(nvidia_p2p_get_pages);
+
+int nvidia_p2p_get_pages_persistent(uint64_t virtual_address, uint64_t length,
+				    struct nvidia_p2p_page_table **page_table, uint32_t flags)
+{
+	/* NVIDIA's ignores unknown flags; a lab had better say so. */
+	if (flags & ~NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING)
+		return -EINVAL;
+	return nv_get_pages(virtual_address, length, page_table, NULL, NULL, flags);
+}
+EXPORT_SYMBOL(nvidia_p2p_get_pages_persistent);
+
+int nvidia_p2p_dma_map_pages(struct pci_dev *peer, struct nvidia_p2p_page_table *page_table,
+			     struct nvidia_p2p_dma_mapping **dma_mapping)
+{
+	const u64 per_page = GPU_PAGE_SIZE >> PAGE_SHIFT;
+	struct gpu_p2p_map *m;
+	struct gpu_pin *pin;
+	u64 *addrs;
+	u32 i, j;
+	int ret;
+
+	might_sleep();
+	if (!dma_mapping)
+		return -EINVAL;
+	*dma_mapping = NULL;
+	if (!peer || !page_table)
+		return -EINVAL;
+
+	/* Held throughout: a revocation waits for the mapping to be listed. */
+	mutex_lock(&nv_lock);
+	pin = nv_pin_find(page_table);
+	if (!pin || pin->nv_state != NV_LIVE) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (pin->nv_flags & NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING) {
+		/* NVIDIA's only maps such tables for the CPU. */
+		ret = -ENOTSUPP;
+		goto out;
+	}
+	addrs = kvmalloc_array(pin->nv.entries, sizeof(*addrs), GFP_KERNEL);
+	if (!addrs) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	m = pin_dma_map(pin, peer);
+	if (IS_ERR(m)) {
+		kvfree(addrs);
+		ret = nv_errno(PTR_ERR(m));
+		goto out;
+	}
+	/* One address per GPU page: its 4 KiB pages must follow each other. */
+	for (i = 0; i < pin->nv.entries; i++) {
+		addrs[i] = m->dma[i * per_page];
+		for (j = 1; j < per_page; j++)
+			if (m->dma[i * per_page + j] != addrs[i] + ((u64)j << PAGE_SHIFT))
+				break;
+		if (j < per_page)
+			break;
+	}
+	m->nv.dma_addresses = addrs;
+	if (i < pin->nv.entries) {
+		dev_warn(&peer->dev, "p2plab_gpu: DMA mapping of VRAM is not contiguous per 64 KiB page\n");
+		mutex_lock(&pin->alloc->gpu->alloc_lock);
+		map_unlink(m);
+		mutex_unlock(&pin->alloc->gpu->alloc_lock);
+		map_free(m);
+		ret = -EIO;
+		goto out;
+	}
+	m->nv.version = NVIDIA_P2P_DMA_MAPPING_VERSION;
+	m->nv.page_size_type = NVIDIA_P2P_PAGE_SIZE_64KB;
+	m->nv.entries = pin->nv.entries;
+	m->nv.private = m;
+	m->nv.pci_dev = peer;
+	*dma_mapping = &m->nv;
+	ret = 0;
+out:
+	mutex_unlock(&nv_lock);
+	return ret;
+}
+EXPORT_SYMBOL(nvidia_p2p_dma_map_pages);
+
+int nvidia_p2p_dma_unmap_pages(struct pci_dev *peer, struct nvidia_p2p_page_table *page_table,
+			       struct nvidia_p2p_dma_mapping *dma_mapping)
+{
+	struct gpu_p2p_map *m, *found = NULL;
+	struct p2plab_gpu *gpu;
+	struct gpu_pin *pin;
+	int ret = 0;
+
+	might_sleep();
+	if (!peer || !page_table || !dma_mapping)
+		return -EINVAL;
+	mutex_lock(&nv_lock);
+	pin = nv_pin_find(page_table);
+	if (!pin) {
+		mutex_unlock(&nv_lock);
+		/* NVIDIA's would read freed memory here. */
+		pr_warn_ratelimited(DRV_NAME ": nvidia_p2p_dma_unmap_pages on a page table that is gone (put, or freed after its free callback)\n");
+		return -EINVAL;
+	}
+	gpu = pin->alloc->gpu;
+	mutex_lock(&gpu->alloc_lock);
+	list_for_each_entry(m, &pin->maps, node) {
+		if (&m->nv == dma_mapping) {
+			found = m;
+			break;
+		}
+	}
+	if (found && found->peer != peer) {
+		ret = -EINVAL;	/* NVIDIA's warns and unmaps anyway */
+		found = NULL;
+	} else if (found) {
+		map_unlink(found);
+	}
+	mutex_unlock(&gpu->alloc_lock);
+	mutex_unlock(&nv_lock);
+	if (ret)
+		pr_warn_ratelimited(DRV_NAME ": nvidia_p2p_dma_unmap_pages for another peer than the mapping's\n");
+	/* Not found: released already (by put_pages or after a callback). */
+	if (found)
+		map_free(found);
+	return ret;
+}
+EXPORT_SYMBOL(nvidia_p2p_dma_unmap_pages);
+
+/* put_pages and put_pages_persistent. */
+static int nv_put_pages(u64 va, struct nvidia_p2p_page_table *page_table, bool persistent)
+{
+	struct gpu_pin *pin;
+	int ret;
+
+	might_sleep();
+	mutex_lock(&nv_lock);
+	pin = nv_pin_find(page_table);
+	if (!pin) {
+		/* Gone already, e.g. after its free callback: NVIDIA's returns 0. */
+		mutex_unlock(&nv_lock);
+		return 0;
+	}
+	if ((pin->kind == PIN_NV_PERSISTENT) != persistent || pin->nv_va != va) {
+		const char *why = pin->nv_va != va ? "not the address the table was pinned at" :
+				  "the table is from the other get_pages";
+
+		mutex_unlock(&nv_lock);
+		pr_warn_ratelimited(DRV_NAME ": nvidia_p2p_put_pages%s: %s\n",
+				    persistent ? "_persistent" : "", why);
+		return -EINVAL;
+	}
+	if (pin->nv_state != NV_LIVE || pin_revoked_with_callback(pin)) {
+		/*
+		 * Its callback runs, or a revocation will call it (it waits for
+		 * nv_lock): the driver frees the table and its maps after it.
+		 */
+		nv_wait_callback(pin);
+		return 0;
+	}
+	/* NVIDIA's releases what the importer left mapped. */
+	pin_release_maps(pin);
+	ret = pin_unpin(pin);
+	if (ret == -ENOENT) {
+		/* A revocation got there meanwhile. */
+		nv_wait_callback(pin);
+		return 0;
+	}
+	if (WARN_ON_ONCE(ret)) {
+		mutex_unlock(&nv_lock);
+		return -EIO;
+	}
+	list_del_init(&pin->nv_node);
+	pin->nv_state = NV_DONE;
+	mutex_unlock(&nv_lock);
+	pin_free(pin);
+	return 0;
+}
+
+int nvidia_p2p_put_pages(uint64_t p2p_token, uint32_t va_space, uint64_t virtual_address,
+			 struct nvidia_p2p_page_table *page_table)
+{
+	if (!page_table)
+		return 0;
+	if (p2p_token || va_space)
+		return -EINVAL;
+	return nv_put_pages(virtual_address, page_table, false);
+}
+EXPORT_SYMBOL(nvidia_p2p_put_pages);
+
+int nvidia_p2p_put_pages_persistent(uint64_t virtual_address,
+				    struct nvidia_p2p_page_table *page_table, uint32_t flags)
+{
+	if (flags)
+		return -EINVAL;
+	if (!page_table)
+		return 0;
+	return nv_put_pages(virtual_address, page_table, true);
+}
+EXPORT_SYMBOL(nvidia_p2p_put_pages_persistent);
+
+int nvidia_p2p_free_page_table(struct nvidia_p2p_page_table *page_table)
+{
+	return page_table ? 0 : -EINVAL;
+}
+EXPORT_SYMBOL(nvidia_p2p_free_page_table);
+
+int nvidia_p2p_free_dma_mapping(struct nvidia_p2p_dma_mapping *dma_mapping)
+{
+	return dma_mapping ? 0 : -EINVAL;
+}
+EXPORT_SYMBOL(nvidia_p2p_free_dma_mapping);
 
 /* -- dma-buf exporter -- */
 
@@ -1366,6 +2089,26 @@ out:
 	return ret;
 }
 
+/*
+ * Mappings start at a user address that is congruent with their VRAM
+ * offset modulo GPU_PAGE_SIZE, so an allocation lands 64 KiB-aligned, as
+ * nvidia_p2p_get_pages wants (cudaMalloc's addresses are too). The same
+ * padding trick as thp_get_unmapped_area.
+ */
+static unsigned long p2plab_gpu_get_unmapped_area(struct file *filp, unsigned long addr,
+						  unsigned long len, unsigned long pgoff,
+						  unsigned long flags)
+{
+	unsigned long off = pgoff << PAGE_SHIFT, pad = len + GPU_PAGE_SIZE, ret;
+
+	if ((flags & MAP_FIXED) || pad < len)
+		return mm_get_unmapped_area(filp, addr, len, pgoff, flags);
+	ret = mm_get_unmapped_area(filp, 0, pad, pgoff, flags);
+	if (IS_ERR_VALUE(ret))
+		return mm_get_unmapped_area(filp, addr, len, pgoff, flags);
+	return ret + ((off - ret) & (GPU_PAGE_SIZE - 1));
+}
+
 static int p2plab_gpu_open(struct inode *inode, struct file *filp)
 {
 	struct p2plab_gpu *gpu = container_of(inode->i_cdev, struct p2plab_gpu, cdev);
@@ -1404,6 +2147,7 @@ static const struct file_operations p2plab_gpu_fops = {
 	.unlocked_ioctl = p2plab_gpu_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = p2plab_gpu_mmap,
+	.get_unmapped_area = p2plab_gpu_get_unmapped_area,
 };
 
 /* ---- sysfs: recovery counters and the device's VRAM error report ---- */
@@ -1443,6 +2187,43 @@ static ssize_t dmabuf_revocations_show(struct device *dev, struct device_attribu
 }
 static DEVICE_ATTR_RO(dmabuf_revocations);
 
+/* Page tables (both peer-memory APIs) pinned and not yet freed. */
+static ssize_t p2p_pins_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->p2p_pins));
+}
+static DEVICE_ATTR_RO(p2p_pins);
+
+/* Their DMA mappings not yet freed. */
+static ssize_t p2p_maps_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->p2p_maps));
+}
+static DEVICE_ATTR_RO(p2p_maps);
+
+/* Mappings made so far whose addresses are PCI bus addresses (map type BUS_ADDR). */
+static ssize_t p2p_bus_addr_maps_show(struct device *dev, struct device_attribute *attr,
+				      char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->p2p_bus_addr_maps));
+}
+static DEVICE_ATTR_RO(p2p_bus_addr_maps);
+
+/* The UUID in NVIDIA's page tables, spelled as nvidia-smi spells one. */
+static ssize_t uuid_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "GPU-%pUb\n", gpu->uuid);
+}
+static DEVICE_ATTR_RO(uuid);
+
 /* REG_VRAM_ERR_COUNT, or -ENODEV once the device is gone. */
 static ssize_t vram_errors_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
@@ -1477,6 +2258,10 @@ static struct attribute *p2plab_gpu_attrs[] = {
 	&dev_attr_irq_recoveries.attr,
 	&dev_attr_p2p_revocations.attr,
 	&dev_attr_dmabuf_revocations.attr,
+	&dev_attr_p2p_pins.attr,
+	&dev_attr_p2p_maps.attr,
+	&dev_attr_p2p_bus_addr_maps.attr,
+	&dev_attr_uuid.attr,
 	&dev_attr_vram_errors.attr,
 	&dev_attr_vram_error_addr.attr,
 	NULL,
@@ -1554,6 +2339,30 @@ static void publish_p2pmem(struct p2plab_gpu *gpu)
 	gpu->provider = pcim_p2pdma_provider(pdev, P2PLAB_GPU_VRAM_BAR);
 }
 
+/*
+ * A UUID that names the board as long as it sits where it does, as a real
+ * GPU's names the board: "p2plab", the PCI domain, bus, device and
+ * function, vendor and device ID, marked as an RFC 9562 version 8 UUID.
+ */
+static void make_uuid(struct p2plab_gpu *gpu)
+{
+	struct pci_dev *pdev = gpu->pdev;
+	u8 *u = gpu->uuid;
+	int domain = pci_domain_nr(pdev->bus);
+
+	memcpy(u, "p2plab", 6);
+	u[6] = 0x80;				/* version 8 */
+	u[7] = pdev->bus->number;
+	u[8] = 0x80;				/* variant 10 */
+	u[9] = pdev->devfn;
+	u[10] = domain >> 8;
+	u[11] = domain;
+	u[12] = pdev->vendor >> 8;
+	u[13] = pdev->vendor;
+	u[14] = pdev->device >> 8;
+	u[15] = pdev->device;
+}
+
 static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct p2plab_gpu *gpu;
@@ -1576,12 +2385,14 @@ static int p2plab_gpu_probe(struct pci_dev *pdev, const struct pci_device_id *id
 	 */
 	gpu->pdev = pci_dev_get(pdev);
 	gpu->ring_entries = ring_entries;
+	make_uuid(gpu);
 	init_rwsem(&gpu->hw_lock);
 	mutex_init(&gpu->submit_lock);
 	mutex_init(&gpu->map_lock);
 	mutex_init(&gpu->files_lock);
 	mutex_init(&gpu->alloc_lock);
 	INIT_LIST_HEAD(&gpu->allocs);
+	INIT_LIST_HEAD(&gpu->retained);
 	spin_lock_init(&gpu->zombie_lock);
 	INIT_LIST_HEAD(&gpu->zombies);
 	INIT_LIST_HEAD(&gpu->files);
@@ -1682,7 +2493,7 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 	mutex_lock(&gpu->alloc_lock);
 	gpu->allocs_closed = true;
 	mutex_unlock(&gpu->alloc_lock);
-	revoke_all_allocs(gpu);
+	revoke_all_allocs(gpu, "unbind");
 
 	/* Zap VRAM mappings: later accesses get SIGBUS, not a stale BAR. */
 	mutex_lock(&gpu->map_lock);
@@ -1726,7 +2537,7 @@ static void p2plab_gpu_reset_prepare(struct pci_dev *pdev)
 	WRITE_ONCE(gpu->resetting, true);
 	wake_up_all(&gpu->wq);
 	/* A reset loses VRAM: importers must stop using it first. */
-	revoke_all_allocs(gpu);
+	revoke_all_allocs(gpu, "a function reset");
 	down_write(&gpu->hw_lock);
 	if (engine_stop(gpu))
 		reap_zombies(gpu, true);
@@ -1783,6 +2594,17 @@ static int __init p2plab_gpu_init(void)
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_hw_completion) != 16);
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_info) != 96);
 	BUILD_BUG_ON(sizeof(struct p2plab_gpu_job) != 56);
+	/* NVIDIA's layouts, as a module built for NVIDIA's driver sees them. */
+	BUILD_BUG_ON(sizeof(struct nvidia_p2p_page) != 32);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_page_table, pages) != 8);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_page_table, entries) != 16);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_page_table, gpu_uuid) != 24);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_page_table, flags) != 32);
+	BUILD_BUG_ON(sizeof(struct nvidia_p2p_page_table) != 40);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_dma_mapping, entries) != 8);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_dma_mapping, dma_addresses) != 16);
+	BUILD_BUG_ON(offsetof(struct nvidia_p2p_dma_mapping, pci_dev) != 32);
+	BUILD_BUG_ON(sizeof(struct nvidia_p2p_dma_mapping) != 40);
 	return p2plab_chrdevs_register(&p2plab_gpu_chrdevs, &p2plab_gpu_driver);
 }
 

@@ -92,15 +92,18 @@ struct p2plab_gpu_job {
 #define P2PLAB_GPU_IOC_SUBMIT	_IOWR(P2PLAB_GPU_IOC_MAGIC, 0x01, struct p2plab_gpu_job)
 
 /*
- * VRAM allocations. ALLOC carves size bytes (rounded up to 4 KiB) out of the
- * VRAM published as p2pmem and returns its VRAM offset and a handle; mmap
- * at that offset to reach it. The allocation belongs to the file it was
- * made on and is freed by FREE or when that file is released (close of the
+ * VRAM allocations. ALLOC carves size bytes (rounded up to 64 KiB, the
+ * GPU page of NVIDIA's peer-memory API) out of the VRAM published as
+ * p2pmem and returns its VRAM offset (a multiple of 64 KiB) and a handle;
+ * mmap at that offset to reach it (without MAP_FIXED the mapping's address
+ * is 64 KiB-aligned too). The allocation belongs to the file it was made
+ * on and is freed by FREE or when that file is released (close of the
  * last reference, process exit). Freeing revokes it: peer-memory pins
- * (p2plab_p2p.h) get their free callback, dma-bufs exported from it get
- * move_notify and refuse new mappings. Errors: EINVAL size 0 or too big,
- * ENOMEM no room, ENODEV no p2pmem or device gone; FREE: ENOENT unknown
- * handle.
+ * (p2plab_p2p.h, nv-p2p.h) get their free callback, dma-bufs exported from
+ * it get move_notify and refuse new mappings; persistent pins
+ * (nvidia_p2p_get_pages_persistent) keep the VRAM until they are put.
+ * Errors: EINVAL size 0 or too big, ENOMEM no room, ENODEV no p2pmem or
+ * device gone; FREE: ENOENT unknown handle.
  */
 struct p2plab_gpu_alloc {
 	__u64 size;		/* in: bytes; out: rounded size */

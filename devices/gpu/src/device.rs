@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use p2plab_dma::GuestMemory;
-use p2plab_fault::GpuInjector;
+use p2plab_fault::Shared;
 use p2plab_kit::{DmaGate, Interrupts};
 
+use crate::fault::GpuFaults;
 use crate::register_file::RegisterFile;
 use crate::stats::Stats;
 use crate::vram::Vram;
@@ -30,8 +31,8 @@ pub(crate) struct Device {
     /// Called from the engine thread only, never with the lock held.
     pub irq: Arc<dyn Interrupts>,
     /// Armed fault injections; its own lock, never taken while waiting
-    /// on [`Self::wake`].
-    faults: Mutex<GpuInjector>,
+    /// on [`Self::wake`], and skipped while nothing is armed.
+    pub faults: Shared<GpuFaults>,
     /// The decoded trace (off unless switched on).
     pub trace: p2plab_trace::Tracer,
 }
@@ -46,7 +47,7 @@ impl Device {
             stats: Stats::default(),
             gate: DmaGate::new(memory),
             irq,
-            faults: Mutex::new(GpuInjector::default()),
+            faults: Shared::default(),
             trace: p2plab_trace::Tracer::new(),
         }
     }
@@ -57,12 +58,6 @@ impl Device {
         self.registers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The armed fault injections.
-    pub fn faults(&self) -> MutexGuard<'_, GpuInjector> {
-        // Plain data, as for the register file.
-        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits on [`Self::wake`].

@@ -7,9 +7,9 @@
 //!   in guest memory or VRAM on its own thread ([`engine`], driven by the
 //!   opcode table in [`engine::opcodes`]).
 //!
-//! Faults can be injected ([`GpuControl`], specs from p2plab-fault):
-//! jobs that fail with a chosen status, hang, lose their interrupt, or read
-//! a bad VRAM range.
+//! Faults can be injected ([`GpuControl`], specs in [`fault`] on
+//! p2plab-fault's grammar): jobs that fail with a chosen status, hang,
+//! lose their interrupt, or read a bad VRAM range.
 //!
 //! The model ([`Gpu`]) is a plain state machine built from p2plab-kit:
 //! guest memory behind the kit's DMA gate (Bus Master Enable, reset
@@ -21,6 +21,7 @@ pub mod cli;
 pub mod command;
 mod device;
 pub mod engine;
+pub mod fault;
 pub mod model;
 pub mod pci;
 mod register_file;
@@ -31,8 +32,9 @@ pub mod status;
 pub mod testing;
 pub mod vram;
 
-pub use model::{check_spec, Gpu, GpuControl};
-pub use p2plab_fault::{GpuFaultSpec, SpecError};
+pub use fault::GpuFaultSpec;
+pub use model::{Gpu, GpuControl};
+pub use p2plab_fault::SpecError;
 pub use p2plab_kit::PciIds;
 pub use pci::{gpu_function, GpuError, GpuFunction};
 pub use regs::DEFAULT_IDS;

@@ -10,16 +10,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use p2plab_dma::GuestMemory;
-use p2plab_fault::{ArmedReport, GpuAction, GpuFaultSpec};
 use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl, Interrupts, QuiesceTimeout};
 
 use crate::device::Device;
 use crate::engine::Engine;
+use crate::fault::{ArmedReport, GpuFaultSpec, GpuFaults};
 use crate::register_file::{AfterWrite, RegisterFile};
 use crate::regs::{Reg, REGS_BAR_SIZE};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::status::StatusCode;
 use crate::vram::Vram;
 
 /// A handle to the device's counters, fault injections, registers and
@@ -34,18 +33,21 @@ impl GpuControl {
         self.0.stats.snapshot()
     }
 
-    /// Arms `spec`; returns its ID. Refuses a `job-error` code that is not
-    /// one of the device's command errors (0x01..=0x06), naming it.
+    /// Arms `spec`; returns its ID. Refused when the device keeps as many
+    /// as it may ([`p2plab_fault::DEFAULT_MAX_ARMED`]).
     pub fn inject(&self, spec: GpuFaultSpec) -> Result<u64, String> {
-        check_spec(&spec)?;
-        let id = self.0.faults().arm(spec);
+        let id = self
+            .0
+            .faults
+            .with(|faults| faults.arm(spec))
+            .map_err(|e| e.to_string())?;
         tracing::info!(id, %spec, "fault armed");
         Ok(id)
     }
 
     /// The armed injections and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
-        self.0.faults().report()
+        self.0.faults.with(|faults| faults.report())
     }
 }
 
@@ -69,7 +71,7 @@ impl DeviceControl for GpuControl {
 
     /// Disarms every injection, VRAM error ranges included.
     fn clear(&self) {
-        self.0.faults().clear();
+        self.0.faults.with(GpuFaults::clear);
         tracing::info!("faults cleared");
     }
 
@@ -97,26 +99,6 @@ impl DeviceControl for GpuControl {
     fn tracer(&self) -> &p2plab_trace::Tracer {
         &self.0.trace
     }
-}
-
-/// Checks what the spec grammar cannot: that an injected job error is a
-/// status code a command can retire with.
-pub fn check_spec(spec: &GpuFaultSpec) -> Result<(), String> {
-    if let GpuAction::JobError { code } = spec.action {
-        let ok = StatusCode::from_code(code.into()).is_some_and(StatusCode::is_command_error);
-        if !ok {
-            let codes: Vec<String> = StatusCode::ALL
-                .iter()
-                .filter(|s| s.is_command_error())
-                .map(|s| format!("{:#04x} {}", s.code(), s.name()))
-                .collect();
-            return Err(format!(
-                "job-error={code:#04x}: not a command error status ({})",
-                codes.join(", ")
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The GPU-like device: BAR0 registers, BAR2 VRAM and the engine thread.

@@ -65,6 +65,31 @@ fn bad_flags_are_refused_naming_the_flag() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--log-level"));
 }
 
+/// Catches: a server that arms any number of `--inject` specs, or refuses
+/// the one past its cap without naming the flag.
+#[test]
+fn injections_past_the_cap_are_refused_naming_the_flag() {
+    let dir = temp_dir("cap");
+    let mut args = vec!["--vram-size".to_string(), "256M".to_string()];
+    for _ in 0..=p2plab_fault::DEFAULT_MAX_ARMED {
+        args.extend(["--inject".to_string(), "drop-irq".to_string()]);
+    }
+    let out = Command::new(BIN)
+        .arg("--socket")
+        .arg(dir.join("gpu.sock"))
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--inject drop-irq: 64 injections"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn large_vram_keeps_rss_low_and_sigterm_exits_cleanly() {
     let dir = temp_dir("run");

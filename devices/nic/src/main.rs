@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use p2plab_fault::NicFaultSpec;
 use p2plab_nic::regs::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
-use p2plab_nic::{nic_function, Wire, WireConfig, DEFAULT_IDS};
+use p2plab_nic::{nic_function, NicFaultSpec, Wire, WireConfig, WireOptions, DEFAULT_IDS};
 use p2plab_server::{Launch, PciIdArgs, SecondSignal, ServerArgs, ServerProcess};
 use p2plab_vfio_user::DmaSpace;
 use tracing::{info, info_span};
@@ -36,9 +35,16 @@ struct Args {
     #[command(flatten)]
     server: ServerArgs,
     /// Where the wire goes: `loopback` (frames come back), `listen:PATH`
-    /// (a unix socket the peer NIC connects to) or `connect:PATH`.
+    /// (a unix socket the peer NIC connects to, mode 0600, one peer of our
+    /// uid or an --allow-uid) or `connect:PATH`.
     #[arg(long, value_name = "WIRE", default_value = "loopback")]
     wire: WireConfig,
+    /// Longest a frame waits for the peer to read it, in milliseconds;
+    /// then its descriptor completes with LINK_DOWN and a socket link is
+    /// closed (the peer reconnects).
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    wire_send_timeout_ms: u64,
     /// Largest frame in bytes, 256..=1048576.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MTU, value_parser = parse_mtu)]
     mtu: u32,
@@ -47,7 +53,7 @@ struct Args {
     ids: PciIdArgs,
     /// Arm a wire fault from the start (repeatable), as `p2plab-ctl
     /// inject` takes it: `drop,count=1`, `delay=5ms`, `corrupt,prob=0.1`,
-    /// `drop-irq,count=1`.
+    /// `drop-irq,count=1`; at most 64 armed at once.
     #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
     injections: Vec<NicFaultSpec>,
 }
@@ -74,12 +80,19 @@ fn main() -> ExitCode {
 
 fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
     let ids = args.ids.ids(DEFAULT_IDS);
-    let wire = Wire::open(&args.wire).with_context(|| format!("--wire {:?}", args.wire))?;
+    let options = WireOptions {
+        send_timeout: Duration::from_millis(args.wire_send_timeout_ms),
+        max_payload: MAX_MTU,
+        allowed_uids: args.server.allow_uid.clone(),
+        thread_name: "nic-wire".into(),
+        ..WireOptions::default()
+    };
+    let wire = Wire::open(&args.wire, options).with_context(|| format!("--wire {}", args.wire))?;
     // The NIC has no memory BAR to share; with the peer path on it DMAs
     // straight into other servers' BARs (GPU VRAM, an NVMe CMB).
     let dma = DmaSpace::new();
     let function = nic_function(&ids, wire, args.mtu, Arc::new(dma.clone()))?;
-    info!(wire = ?args.wire, mtu = args.mtu, "p2plab-nic starting");
+    info!(wire = %args.wire, mtu = args.mtu, "p2plab-nic starting");
     let injections: Vec<String> = args.injections.iter().map(|s| s.to_string()).collect();
     p2plab_server::serve_device(&args.server, launch, dma, function, &injections)
 }

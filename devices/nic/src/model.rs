@@ -20,16 +20,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use p2plab_dma::{BusTarget, DmaFault, DmaFaultKind, GuestMemory};
-use p2plab_fault::{ArmedReport, NicFaultSpec, NicInjector};
+use p2plab_fault::Shared;
 use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{
     arm_spec, counters_with, Armed, DeviceControl, DmaGate, Epoch, Half, Interrupts, QuiesceTimeout,
 };
+use p2plab_wire::{Frame, Impairment, SendError, Sent, Wire};
 
 use crate::descriptor::{valid_ring, Descriptor, RingError, Status};
+use crate::fault::{ArmError, ArmedReport, NicFaultSpec, NicFaults};
 use crate::regs::*;
 use crate::stats::{Stats, StatsSnapshot};
-use crate::wire::{Frame, SendError, Wire};
 
 /// How long the RX engine waits for a frame before it looks at the
 /// registers again.
@@ -176,7 +177,8 @@ struct Device {
     wire: Wire,
     mtu: u32,
     stats: Stats,
-    faults: Mutex<NicInjector>,
+    /// Armed wire faults; skipped while nothing is armed.
+    faults: Shared<NicFaults>,
     trace: p2plab_trace::Tracer,
     stopping: AtomicBool,
 }
@@ -185,10 +187,6 @@ impl Device {
     fn lock(&self) -> MutexGuard<'_, Registers> {
         // Plain data: a panic elsewhere leaves it usable.
         self.regs.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn faults(&self) -> MutexGuard<'_, NicInjector> {
-        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn interrupt(&self) {
@@ -391,39 +389,45 @@ fn tx_engine(device: &Device) {
         // buffer for this descriptor (a driver quiescing may go on).
         device.lock().tx.busy = false;
         device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
-        let decision = {
-            let mut faults = device.faults();
-            if faults.is_idle() {
-                Default::default()
-            } else {
-                faults.decide()
-            }
-        };
-        if let Some(delay) = decision.delay {
+        let decision = device
+            .faults
+            .when_armed(NicFaults::decide)
+            .unwrap_or_default();
+        // The wire does what the armed specs decided; the NIC's own
+        // counters say what was asked of it.
+        if decision.delay.is_some() {
             Stats::add(&device.stats.wire_delays, 1);
-            std::thread::sleep(delay);
         }
-        let mut frame = Frame::new(payload);
         if decision.corrupt {
-            let middle = frame.payload.len() / 2;
-            if let Some(byte) = frame.payload.get_mut(middle) {
-                *byte ^= 0xff;
-            }
             Stats::add(&device.stats.wire_corrupts, 1);
         }
-        let status = if decision.drop {
-            Stats::add(&device.stats.wire_drops, 1);
-            Status::Ok
-        } else {
-            let give_up = || {
-                device.stopping.load(Ordering::SeqCst)
-                    || device.generation(Dir::Tx) != work.generation
-            };
-            match device.wire.send(frame, &give_up) {
-                Ok(()) => Status::Ok,
-                Err(SendError::LinkDown) => Status::LinkDown,
-                Err(SendError::Stopped) => continue,
+        let impairment = Impairment {
+            drop: decision.drop,
+            delay: decision.delay,
+            corrupt: decision.corrupt,
+            reorder: 0,
+        };
+        // A reset or ring disable (a new generation) or shutdown ends the
+        // wait for the wire, whatever the peer does: the wire asks this
+        // every 20 ms while a send waits, so TX never stays stuck in a
+        // send across a reset.
+        let give_up = || {
+            device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation
+        };
+        let status = match device
+            .wire
+            .send_impaired(Frame::new(payload), impairment, &give_up)
+        {
+            Ok(Sent::Dropped) => {
+                Stats::add(&device.stats.wire_drops, 1);
+                Status::Ok
             }
+            Ok(Sent::Delivered | Sent::Held) => Status::Ok,
+            // A peer that read nothing for the send timeout is cut off:
+            // nothing was sent.
+            Err(SendError::LinkDown | SendError::TimedOut) => Status::LinkDown,
+            Err(SendError::TooLong) => Status::TooLong,
+            Err(SendError::Stopped) => continue,
         };
         if status == Status::Ok {
             Stats::add(&device.stats.tx_packets, 1);
@@ -526,37 +530,52 @@ impl NicControl {
         self.0.stats.snapshot()
     }
 
-    /// Arms a wire fault; returns its ID.
-    pub fn inject(&self, spec: NicFaultSpec) -> u64 {
-        let id = self.0.faults().arm(spec);
+    /// Arms a wire fault; returns its ID. Refused when the NIC keeps as
+    /// many as it may ([`p2plab_fault::DEFAULT_MAX_ARMED`]).
+    pub fn inject(&self, spec: NicFaultSpec) -> Result<u64, ArmError> {
+        let id = self.0.faults.with(|faults| faults.arm(spec))?;
         tracing::info!(id, %spec, "fault armed");
-        id
+        Ok(id)
     }
 
     /// The armed faults and how often each fired.
     pub fn report(&self) -> Vec<ArmedReport> {
-        self.0.faults().report()
+        self.0.faults.with(|faults| faults.report())
     }
 
     /// Whether the wire has a peer.
     pub fn link_up(&self) -> bool {
         self.0.wire.link_up()
     }
+
+    /// The wire's counters (frames each way, FCS errors, refused peers,
+    /// send timeouts...).
+    pub fn wire_stats(&self) -> p2plab_wire::WireStatsSnapshot {
+        self.0.wire.stats()
+    }
 }
 
 impl DeviceControl for NicControl {
-    /// The counters and whether the wire has a peer, flat.
+    /// The counters and whether the wire has a peer, flat, and the
+    /// wire's own counters under `wire`.
     fn counters(&self) -> serde_json::Value {
-        counters_with(self.stats(), &[("link_up", self.link_up().into())])
+        let mut value = counters_with(self.stats(), &[("link_up", self.link_up().into())]);
+        if let Some(object) = value.as_object_mut() {
+            let wire = serde_json::to_value(self.wire_stats()).unwrap_or_default();
+            object.insert("wire".into(), wire);
+        }
+        value
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        arm_spec(spec, |spec| Ok(NicControl::inject(self, spec)))
+        arm_spec(spec, |spec| {
+            NicControl::inject(self, spec).map_err(|e| e.to_string())
+        })
     }
 
     /// Disarms every wire fault.
     fn clear(&self) {
-        self.0.faults().clear();
+        self.0.faults.with(NicFaults::clear);
     }
 
     /// What a function-level reset does (see [`Nic::reset`]).
@@ -614,7 +633,7 @@ impl Nic {
             wire,
             mtu: mtu.clamp(MIN_MTU, MAX_MTU),
             stats: Stats::default(),
-            faults: Mutex::new(NicInjector::default()),
+            faults: Shared::default(),
             trace: p2plab_trace::Tracer::new(),
             stopping: AtomicBool::new(false),
         });

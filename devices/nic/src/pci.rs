@@ -11,10 +11,10 @@ use p2plab_pci::{
     BarSpec, BuildError, ConfigChange, ConfigSpace, LinkSpeed, PciFunction, PciModel,
 };
 use p2plab_vfio_user::DeviceError;
+use p2plab_wire::Wire;
 
 use crate::model::Nic;
 use crate::regs::*;
-use crate::wire::Wire;
 
 /// Config space: class 0x0200, BAR0 registers, BAR4 MSI-X, Power
 /// Management, MSI-X and a PCIe endpoint capability (Gen4 x8).

@@ -243,7 +243,7 @@ fn two_nics_move_many_frames_peer_bar_to_peer_bar() {
 fn wire_faults_drop_and_corrupt_frames() {
     let mut rig = Rig::new(Wire::loopback());
     let control = rig.nic.control();
-    control.inject("drop,count=1".parse().unwrap());
+    control.inject("drop,count=1".parse().unwrap()).unwrap();
     rig.memory.write(BUFFERS, &pattern(4096, 1)).unwrap();
     let rx = rig.post(false, BUFFERS + 0x8000, 4096, 1);
     let dropped = rig.post(true, BUFFERS, 4096, 2);
@@ -253,7 +253,7 @@ fn wire_faults_drop_and_corrupt_frames() {
         "the sender cannot tell"
     );
     rig.assert_pending(rx, 100);
-    control.inject("corrupt,count=1".parse().unwrap());
+    control.inject("corrupt,count=1".parse().unwrap()).unwrap();
     let corrupted = rig.post(true, BUFFERS, 4096, 3);
     assert_eq!(rig.wait_done(corrupted).0, Status::Ok.code());
     assert_eq!(rig.wait_done(rx), (Status::BadFcs.code(), 4096, 1));
@@ -275,7 +275,8 @@ fn wire_delay_holds_the_frame() {
     let mut rig = Rig::new(Wire::loopback());
     rig.nic
         .control()
-        .inject("delay=300ms,count=1".parse().unwrap());
+        .inject("delay=300ms,count=1".parse().unwrap())
+        .unwrap();
     let rx = rig.post(false, BUFFERS + 0x8000, 4096, 1);
     let start = Instant::now();
     rig.post(true, BUFFERS, 512, 2);

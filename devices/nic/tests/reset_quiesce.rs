@@ -10,10 +10,10 @@ use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::GuestMemory;
 use p2plab_nic::descriptor::encode;
 use p2plab_nic::regs::*;
-use p2plab_nic::wire::Frame;
 use p2plab_nic::{nic_function, NicFunction, Wire, DEFAULT_IDS};
 use p2plab_pci::PciFunction;
 use p2plab_vfio_user::Device;
+use p2plab_wire::Frame;
 
 const RAM: u64 = 0x10_0000;
 const RX_RING: u64 = RAM;

@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use p2plab_fault::LbaRange;
-
 use crate::command::{Command, Completion};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer};
+use crate::fault::LbaRange;
 use crate::memory::Placement;
 use crate::namespace::DIRECT_ALIGN;
 use crate::queues::CompletionQueue;

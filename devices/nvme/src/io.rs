@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use p2plab_dma::Access;
-use p2plab_fault::LbaRange;
 
 use crate::context::{CommandContext, CommandResult, Outcome};
 use crate::datapointer::{DataBuffer, DataPointers, DataTransfer, Direction};
+use crate::fault::LbaRange;
 use crate::fields::{CommandFields, DatasetManagement, DsmRange, Flush, ReadWrite, WriteZeroes};
 use crate::memory::Placement;
 use crate::namespace::{io_error_status, FlushError, MediaAccess, Namespace};
@@ -24,6 +24,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::FLUSH,
             name: "Flush",
+            fault_name: "flush",
             run: |cx, cmd| flush(cx, Flush::parse(cmd)?),
             effects: CSUPP | LBCC,
             data: DataTransfer::None,
@@ -31,6 +32,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::WRITE,
             name: "Write",
+            fault_name: "write",
             run: |cx, cmd| write(cx, ReadWrite::parse(cmd)?),
             effects: CSUPP | LBCC,
             data: DataTransfer::HostToController,
@@ -38,6 +40,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::READ,
             name: "Read",
+            fault_name: "read",
             run: |cx, cmd| read(cx, ReadWrite::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::ControllerToHost,
@@ -45,6 +48,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::COMPARE,
             name: "Compare",
+            fault_name: "compare",
             run: |cx, cmd| compare(cx, ReadWrite::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::HostToController,
@@ -52,6 +56,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::WRITE_ZEROES,
             name: "Write Zeroes",
+            fault_name: "write-zeroes",
             run: |cx, cmd| write_zeroes(cx, WriteZeroes::parse(cmd)?),
             effects: CSUPP | LBCC,
             data: DataTransfer::None,
@@ -59,6 +64,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::DATASET_MANAGEMENT,
             name: "Dataset Management",
+            fault_name: "dsm",
             run: |cx, cmd| dataset_management(cx, DatasetManagement::parse(cmd)?),
             effects: CSUPP | LBCC,
             data: DataTransfer::HostToController,
@@ -66,6 +72,7 @@ pub(crate) static IO_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: io::VERIFY,
             name: "Verify",
+            fault_name: "verify",
             run: |cx, cmd| verify(cx, ReadWrite::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,

@@ -32,7 +32,8 @@
 //!
 //! 1. [`spec`], [`registers`], [`config`], [`stats`]: numbers and plain
 //!    data
-//! 2. [`command`] (queue entries), [`logs`], [`namespace`]
+//! 2. [`command`] (queue entries), [`logs`], [`namespace`], [`fault`]
+//!    (fault actions, filters and the armed specs)
 //! 3. [`fields`] (typed command views), [`memory`] (the DMA router)
 //! 4. [`datapointer`] (PRPs, SGLs), [`features`], `queues`
 //! 5. [`identify`], `state` (the controller state every handler works on)
@@ -40,7 +41,9 @@
 //! 7. `table`: command table rows and dispatch
 //! 8. `io`: the NVM I/O command table and its handlers
 //! 9. `admin`: the admin command table and its handlers (it reads the I/O
-//!    table for the Commands Supported and Effects log)
+//!    table for the Commands Supported and Effects log); `fault_filter`:
+//!    the text form of fault filters, whose opcode names are both tables'
+//!    own
 //! 10. `trace`: decoding commands and injected faults into trace events;
 //!     `worker`: fetch, dispatch through a table, complete
 //! 11. [`controller`]: the register front-end; it hands the state the
@@ -53,6 +56,7 @@ pub mod command;
 pub mod config;
 pub mod controller;
 pub mod datapointer;
+pub mod fault;
 pub mod features;
 pub mod fields;
 pub mod identify;
@@ -66,6 +70,7 @@ pub mod stats;
 
 mod admin;
 mod context;
+mod fault_filter;
 mod io;
 mod queues;
 mod state;
@@ -98,8 +103,17 @@ pub fn io_commands() -> Vec<(u8, &'static str)> {
     io::IO_COMMANDS.list()
 }
 
-/// Fault injection specs (the `p2plab-fault` crate).
-pub use p2plab_fault as fault;
+/// `(opcode, name in fault specs)` of every admin command: what
+/// `admin-opcode=` takes.
+pub fn admin_fault_names() -> Vec<(u8, &'static str)> {
+    admin::ADMIN_COMMANDS.fault_names()
+}
+
+/// `(opcode, name in fault specs)` of every NVM I/O command: what
+/// `opcode=` takes.
+pub fn io_fault_names() -> Vec<(u8, &'static str)> {
+    io::IO_COMMANDS.fault_names()
+}
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -114,8 +114,8 @@ struct Args {
     /// `p2plab-ctl inject` takes it: e.g. `status=0x281,dnr,count=3,opcode=read`,
     /// `media-error:lba=100-199`, `timeout,count=1,opcode=read`,
     /// `latency=5ms:opcode=write`, `cfs,opcode=write`, `drop-irq,count=1`,
-    /// `corrupt:lba=8-15`, `ns-not-ready`, `peer-fail,count=1`. See README
-    /// "Breaking things on purpose".
+    /// `corrupt:lba=8-15`, `ns-not-ready`, `peer-fail,count=1`; at most
+    /// 128 armed at once. See docs/user-guide/faults.md.
     #[arg(long = "inject", value_name = "SPEC", value_parser = parse_fault)]
     injections: Vec<FaultSpec>,
 }

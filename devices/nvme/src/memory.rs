@@ -8,15 +8,16 @@
 //! transport's DMA space over as is. What is NVMe-specific stays here: the
 //! CMB/PMR windows ([`DmaRouter`]) and the file-backed PMR ([`FileRegion`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use p2plab_dma::{
     checked_range, Access, BusTarget, DmaFault, DmaFaultKind, GuestMemory, RegionMemory,
     VolatileSlice,
 };
-use p2plab_fault::{Injector, PeerEffect};
+use p2plab_fault::Shared;
 
+use crate::fault::{NvmeFaults, PeerEffect};
 use crate::stats::Stats;
 
 /// Where an access was served.
@@ -116,10 +117,9 @@ impl IntoIterator for Pieces {
 /// spec's `count=`.
 #[derive(Clone)]
 pub struct PeerFaults {
-    pub injector: Arc<Mutex<Injector>>,
-    /// False while nothing is armed: the hot path skips the lock and the
+    /// While nothing is armed, the hot path skips the lock and the
     /// `locate` call.
-    pub armed: Arc<AtomicBool>,
+    pub faults: Arc<Shared<NvmeFaults>>,
     /// The controller's decoded trace: each fired injection is a `fault`
     /// event marked `injected`.
     pub trace: Arc<p2plab_trace::Tracer>,
@@ -172,7 +172,7 @@ impl DmaRouter {
         let Some(faults) = &self.peer_faults else {
             return Ok(());
         };
-        if !faults.armed.load(Ordering::Acquire)
+        if !faults.faults.is_armed()
             || !matches!(
                 self.guest.locate(addr, len),
                 BusTarget::PeerBar | BusTarget::PeerDirect
@@ -180,13 +180,7 @@ impl DmaRouter {
         {
             return Ok(());
         }
-        let effect = {
-            let mut injector = crate::lock(&faults.injector);
-            let effect = injector.peer_transfer();
-            faults.armed.store(!injector.is_idle(), Ordering::Release);
-            effect
-        };
-        let Some(effect) = effect else {
+        let Some(effect) = faults.faults.with(NvmeFaults::peer_transfer) else {
             return Ok(());
         };
         self.stats.injected_faults.fetch_add(1, Ordering::Relaxed);
@@ -398,7 +392,7 @@ impl DmaRouter {
         if self
             .peer_faults
             .as_ref()
-            .is_some_and(|p| p.armed.load(Ordering::Acquire))
+            .is_some_and(|p| p.faults.is_armed())
         {
             return Ok(None);
         }
@@ -854,12 +848,11 @@ mod tests {
             .with_peer_region(PEER, 0x10000);
         let stats = Arc::new(Stats::default());
         let mut router = DmaRouter::new(Arc::new(guest), None, Arc::clone(&stats));
-        let mut injector = Injector::default();
-        injector.arm(spec.parse().unwrap());
+        let mut faults = NvmeFaults::default();
+        faults.arm(spec.parse().unwrap()).unwrap();
         let trace = Arc::new(p2plab_trace::Tracer::new());
         router.attach_peer_faults(PeerFaults {
-            injector: Arc::new(Mutex::new(injector)),
-            armed: Arc::new(AtomicBool::new(true)),
+            faults: Arc::new(Shared::new(faults)),
             trace: Arc::clone(&trace),
         });
         (router, stats, trace)

@@ -224,6 +224,10 @@ pub(crate) struct CompletionQueue {
     pub space: Notifier,
     pub stop: AtomicBool,
     pub shadow: Mutex<Option<Shadow>>,
+    /// Whether `post` waits for the host to free a slot (a worker
+    /// thread), or drops the completion at once as if the queue had
+    /// stopped (queues run on the host's own thread, testing only).
+    waits_when_full: bool,
 }
 
 impl CompletionQueue {
@@ -248,6 +252,18 @@ impl CompletionQueue {
             space: Notifier::default(),
             stop: AtomicBool::new(false),
             shadow: Mutex::new(None),
+            waits_when_full: true,
+        }
+    }
+
+    /// The queue for a controller whose queues run on the host's thread:
+    /// a post to it when full is dropped instead of waiting for a host
+    /// that cannot run.
+    #[cfg(feature = "testing")]
+    pub fn never_waiting(self) -> Self {
+        Self {
+            waits_when_full: false,
+            ..self
         }
     }
 
@@ -262,6 +278,13 @@ impl CompletionQueue {
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.space.notify();
+    }
+
+    /// Whether the host has left no free slot.
+    #[cfg(feature = "testing")]
+    pub fn is_full(&self, mem: &DmaRouter) -> bool {
+        let next = (self.tail.load(Ordering::Acquire) + 1) % self.entries;
+        next == self.current_head(mem)
     }
 
     /// Whether a head doorbell value is acceptable: inside the queue and not
@@ -334,6 +357,9 @@ impl CompletionQueue {
                 if next != self.current_head(mem) {
                     continue;
                 }
+            }
+            if !self.waits_when_full {
+                return Err(PostError::Stopped);
             }
             tracing::trace!(cqid = self.id, "completion queue full, waiting");
             self.space.wait(Duration::from_millis(20));

@@ -14,8 +14,8 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
+use crate::fault::FaultSpec;
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
-use p2plab_fault::FaultSpec;
 use p2plab_kit::{
     arm_spec, Armed, ClassCode, DeviceControl, DmaGate, Interrupts, PeerBar, PlacementHook,
     ServedDevice, StatsLayout,
@@ -216,7 +216,9 @@ impl DeviceControl for NvmeControl {
     }
 
     fn inject(&self, spec: &str) -> Result<Armed, String> {
-        arm_spec(spec, |spec: FaultSpec| Ok(self.0.inject(spec)))
+        arm_spec(spec, |spec: FaultSpec| {
+            self.0.inject(spec).map_err(|e| e.to_string())
+        })
     }
 
     fn clear(&self) {

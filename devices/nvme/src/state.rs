@@ -16,11 +16,12 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 use std::time::Instant;
 
-use p2plab_fault::{CommandInfo, Decision, FaultSpec, Injector};
+use p2plab_fault::{ArmError, Shared};
 use serde::Serialize;
 use tracing::{error, info, warn};
 
 use crate::config::ControllerConfig;
+use crate::fault::{ArmedReport, BadRangeReport, CommandInfo, Decision, FaultSpec, NvmeFaults};
 use crate::features::Features;
 use crate::logs::{AsyncEvents, ErrorLog, SmartCounters, CRITICAL_WARNING_TEMPERATURE};
 use crate::memory::DmaRouter;
@@ -95,6 +96,29 @@ impl AdminState {
 /// not depend on the worker (which depends on them).
 pub(crate) type QueueWorker = fn(Arc<ControllerState>, Arc<SubmissionQueue>, Arc<CompletionQueue>);
 
+/// Who runs the queues: fetch, execute, complete.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueueRunner {
+    /// A thread per submission queue, running this body.
+    Threads(QueueWorker),
+    /// The host's own thread, when it asks
+    /// ([`NvmeController::run_queues`](crate::NvmeController::run_queues)):
+    /// the same code with no threads (fuzzing, deterministic tests).
+    #[cfg(feature = "testing")]
+    Caller,
+}
+
+impl QueueRunner {
+    /// A worker thread's body; none when the host's thread runs the queues.
+    fn thread_body(self) -> Option<QueueWorker> {
+        match self {
+            QueueRunner::Threads(body) => Some(body),
+            #[cfg(feature = "testing")]
+            QueueRunner::Caller => None,
+        }
+    }
+}
+
 /// A command held without a completion by an injected `timeout`, until an
 /// Abort names it or the controller resets.
 pub(crate) struct HeldCommand {
@@ -118,8 +142,8 @@ pub struct HeldReport {
 /// Injected faults as the control socket's `status` shows them.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultReport {
-    pub armed: Vec<p2plab_fault::ArmedReport>,
-    pub bad_blocks: Vec<p2plab_fault::BadRangeReport>,
+    pub armed: Vec<ArmedReport>,
+    pub bad_blocks: Vec<BadRangeReport>,
     pub held_commands: Vec<HeldReport>,
 }
 
@@ -147,14 +171,13 @@ pub(crate) struct ControllerState {
     /// Totals of namespaces' counters that survive nothing but are summed
     /// into the controller-wide SMART log.
     pub totals: NamespaceCounters,
-    /// Armed fault injections and bad blocks; `faults_armed` lets the hot
-    /// path skip the lock while nothing is armed.
-    /// Shared with the DMA router, which applies `peer-fail`/`peer-stall`.
-    faults: Arc<Mutex<Injector>>,
-    faults_armed: Arc<AtomicBool>,
+    /// Armed fault injections and bad blocks; the hot path skips the lock
+    /// while nothing is armed. Shared with the DMA router, which applies
+    /// `peer-fail`/`peer-stall`.
+    faults: Arc<Shared<NvmeFaults>>,
     /// Commands held by an injected `timeout`.
     pub held: Mutex<Vec<HeldCommand>>,
-    queue_worker: QueueWorker,
+    runner: QueueRunner,
     /// Workers of queues a reset removed, until someone joins them
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
@@ -176,14 +199,12 @@ impl ControllerState {
         mut mem: DmaRouter,
         irq: Arc<dyn Interrupts>,
         stats: Arc<Stats>,
-        queue_worker: QueueWorker,
+        runner: QueueRunner,
     ) -> Self {
-        let faults = Arc::new(Mutex::new(Injector::default()));
-        let faults_armed = Arc::new(AtomicBool::new(false));
+        let faults = Arc::new(Shared::new(NvmeFaults::default()));
         let trace = Arc::new(p2plab_trace::Tracer::new());
         mem.attach_peer_faults(crate::memory::PeerFaults {
-            injector: Arc::clone(&faults),
-            armed: Arc::clone(&faults_armed),
+            faults: Arc::clone(&faults),
             trace: Arc::clone(&trace),
         });
         Self {
@@ -204,10 +225,9 @@ impl ControllerState {
             media_errors: AtomicU64::new(0),
             totals: NamespaceCounters::default(),
             faults,
-            faults_armed,
             held: Mutex::new(Vec::new()),
             cfg,
-            queue_worker,
+            runner,
             stopped_workers: Mutex::new(Vec::new()),
             trace,
         }
@@ -231,55 +251,44 @@ impl ControllerState {
         self.fatal.store(true, Ordering::Release);
     }
 
-    /// Arms an injection; returns its ID.
-    pub fn inject(&self, spec: FaultSpec) -> u64 {
-        let mut faults = crate::lock(&self.faults);
-        let id = faults.arm(spec);
+    /// Arms an injection; returns its ID. Refused when the controller
+    /// keeps as many as it may ([`crate::fault::MAX_ARMED`]).
+    pub fn inject(&self, spec: FaultSpec) -> Result<u64, ArmError> {
+        let id = self.faults.with(|faults| faults.arm(spec))?;
         info!(id, spec = %spec, "fault injection armed");
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
-        id
+        Ok(id)
     }
 
     /// Disarms every injection and forgets every bad block. Held commands
     /// stay held (an Abort or a reset releases them).
     pub fn clear_faults(&self) {
-        crate::lock(&self.faults).clear();
-        self.faults_armed.store(false, Ordering::Release);
+        self.faults.with(NvmeFaults::clear);
         info!("fault injections cleared");
     }
 
-    /// Disarms one injection (an OCP Error Injection entry replaced).
-    pub fn disarm_fault(&self, id: u64) {
-        let mut faults = crate::lock(&self.faults);
-        if faults.disarm(id) {
-            info!(id, "fault injection disarmed");
-        }
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+    /// Disarms the injections `old` and arms `new` in their place, all or
+    /// nothing (OCP Error Injection entries replaced).
+    pub fn replace_faults(&self, old: &[u64], new: &[FaultSpec]) -> Result<Vec<u64>, ArmError> {
+        let ids = self.faults.with(|faults| faults.replace(old, new))?;
+        info!(?old, new = ?ids, "fault injections replaced");
+        Ok(ids)
     }
 
     /// What the armed injections do to this command.
     pub fn decide_faults(&self, cmd: &CommandInfo) -> Decision {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return Decision::default();
-        }
-        let mut faults = crate::lock(&self.faults);
-        let decision = faults.decide(cmd);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
-        decision
+        self.faults
+            .when_armed(|faults| faults.decide(cmd))
+            .unwrap_or_default()
     }
 
     /// The first block of the range that an injected media error makes
     /// unreadable; counts the failed read on its spec.
     pub fn first_bad_block(&self, nsid: u32, slba: u64, blocks: u64) -> Option<u64> {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut faults = crate::lock(&self.faults);
-        let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
-        faults.note_media_error(nsid, lba);
+        let lba = self.faults.when_armed(|faults| {
+            let lba = faults.bad_blocks().first_bad(nsid, slba, blocks)?;
+            faults.note_media_error(nsid, lba);
+            Some(lba)
+        })??;
         self.trace.record("fault", || {
             serde_json::json!({
                 "name": "media-error",
@@ -296,30 +305,22 @@ impl ControllerState {
     /// Like [`first_bad_block`](Self::first_bad_block), without counting
     /// (the error log's LBA); `slba` when no block is bad.
     pub fn bad_block_for_log(&self, nsid: u32, slba: u64, blocks: u64) -> u64 {
-        crate::lock(&self.faults)
-            .bad_blocks()
-            .first_bad(nsid, slba, blocks)
+        self.faults
+            .with(|faults| faults.bad_blocks().first_bad(nsid, slba, blocks))
             .unwrap_or(slba)
     }
 
     /// The blocks were rewritten or deallocated: injected media errors on
     /// them are gone.
     pub fn repair_blocks(&self, nsid: u32, slba: u64, blocks: u64) {
-        if !self.faults_armed.load(Ordering::Acquire) {
-            return;
-        }
-        let mut faults = crate::lock(&self.faults);
-        faults.bad_blocks_mut().repair(nsid, slba, blocks);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+        self.faults
+            .when_armed(|faults| faults.bad_blocks_mut().repair(nsid, slba, blocks));
     }
 
     /// The namespace was formatted: no bad blocks remain on it.
     pub fn forget_bad_blocks(&self, nsid: u32) {
-        let mut faults = crate::lock(&self.faults);
-        faults.bad_blocks_mut().forget_namespace(nsid);
-        self.faults_armed
-            .store(!faults.is_idle(), Ordering::Release);
+        self.faults
+            .with(|faults| faults.bad_blocks_mut().forget_namespace(nsid));
     }
 
     /// Takes the held command `cid` of queue `sqid` if an Abort may abort
@@ -333,10 +334,12 @@ impl ControllerState {
     }
 
     pub fn fault_report(&self) -> FaultReport {
-        let faults = crate::lock(&self.faults);
+        let (armed, bad_blocks) = self
+            .faults
+            .with(|faults| (faults.report(), faults.bad_blocks().report()));
         FaultReport {
-            armed: faults.report(),
-            bad_blocks: faults.bad_blocks().report(),
+            armed,
+            bad_blocks,
             held_commands: crate::lock(&self.held)
                 .iter()
                 .map(|h| HeldReport {
@@ -396,32 +399,18 @@ impl ControllerState {
         sq: Arc<SubmissionQueue>,
         cq: Arc<CompletionQueue>,
     ) -> io::Result<()> {
+        let Some(body) = self.runner.thread_body() else {
+            return Ok(());
+        };
         self.live_workers.fetch_add(1, Ordering::AcqRel);
         let state = Arc::clone(self);
         let queue = Arc::clone(&sq);
-        let body = self.queue_worker;
         let spawned = thread::Builder::new()
             .name(format!("nvme-sq{}", sq.id))
             .spawn(move || {
                 let sqid = queue.id;
                 let shared = Arc::clone(&state);
-                // The worker boundary: a bug in a handler (or anything it
-                // calls) must not wedge the device. Like a controller
-                // firmware fault, it sets CSTS.CFS and the device waits for
-                // the host to reset it (CC.EN 1->0), which Linux does when
-                // it sees CFS. Locks a panicking worker held are poisoned;
-                // `crate::lock` takes them anyway, and the reset
-                // reinitialises what they guard.
-                let ran = panic::catch_unwind(AssertUnwindSafe(move || body(state, queue, cq)));
-                if let Err(panic) = ran {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
-                    shared.set_fatal(&format!("internal error in the SQ {sqid} worker: {what}"));
-                    shared.stats.internal_errors.fetch_add(1, Ordering::Relaxed);
-                }
+                shared.at_worker_boundary(sqid, move || body(state, queue, cq));
             });
         match spawned {
             Ok(handle) => {
@@ -432,6 +421,40 @@ impl ControllerState {
                 self.live_workers.fetch_sub(1, Ordering::AcqRel);
                 Err(e)
             }
+        }
+    }
+
+    /// Whether the host's thread runs the queues (no worker threads).
+    #[cfg(feature = "testing")]
+    pub fn queues_on_caller(&self) -> bool {
+        matches!(self.runner, QueueRunner::Caller)
+    }
+
+    /// A new completion queue, as this controller's queues post to it.
+    pub fn completion_queue(&self, cq: CompletionQueue) -> Arc<CompletionQueue> {
+        #[cfg(feature = "testing")]
+        if self.queues_on_caller() {
+            return Arc::new(cq.never_waiting());
+        }
+        Arc::new(cq)
+    }
+
+    /// Runs a queue's work at the worker boundary: a bug in a handler (or
+    /// anything it calls) must not wedge the device. Like a controller
+    /// firmware fault, it sets CSTS.CFS and the device waits for the host
+    /// to reset it (CC.EN 1->0), which Linux does when it sees CFS. Locks
+    /// a panicking worker held are poisoned; `crate::lock` takes them
+    /// anyway, and the reset reinitialises what they guard.
+    pub fn at_worker_boundary(&self, sqid: u16, work: impl FnOnce()) {
+        let ran = panic::catch_unwind(AssertUnwindSafe(work));
+        if let Err(panic) = ran {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            self.set_fatal(&format!("internal error in the SQ {sqid} worker: {what}"));
+            self.stats.internal_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 

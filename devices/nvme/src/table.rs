@@ -5,7 +5,8 @@
 //! its name in the specification, its handler, its Commands Supported and
 //! Effects dword and which way it moves data. The table drives dispatch
 //! (an opcode without a row is an Invalid Command Opcode), the Commands
-//! Supported and Effects log page (05h) and the command names in logs.
+//! Supported and Effects log page (05h), the command names in logs and
+//! the names fault specs target (`opcode=read`, `admin-opcode=identify`).
 //! Adding a command is adding a row and writing its handler.
 //!
 //! [admin]: crate::admin::ADMIN_COMMANDS
@@ -26,6 +27,9 @@ pub(crate) struct CommandRow {
     pub opcode: u8,
     /// The command's name in the specification, for logs and traces.
     pub name: &'static str,
+    /// Its name in fault specs (`opcode=write-zeroes`): short, lower case,
+    /// words joined by `-`, unique in its table.
+    pub fault_name: &'static str,
     pub run: Handler,
     /// Its Commands Supported and Effects dword ([`effects`] bits).
     pub effects: u32,
@@ -45,8 +49,9 @@ pub(crate) struct CommandTable {
 }
 
 impl CommandTable {
-    /// The table of `rows`. Two rows for one opcode, or a row without
-    /// CSUPP, do not compile (the tables are statics).
+    /// The table of `rows`. Two rows for one opcode or one fault name, a
+    /// fault name specs cannot spell, or a row without CSUPP, do not
+    /// compile (the tables are statics).
     pub const fn new(
         unsupported: &'static str,
         pointers: DataPointers,
@@ -59,6 +64,18 @@ impl CommandTable {
             let row = &rows[i];
             assert!(index[row.opcode as usize] == 0, "two rows for one opcode");
             assert!(row.effects & effects::CSUPP != 0, "a row without CSUPP");
+            assert!(
+                is_fault_name(row.fault_name),
+                "a fault name is lower-case letters, digits and '-', starting with a letter"
+            );
+            let mut j = 0;
+            while j < i {
+                assert!(
+                    !same(rows[j].fault_name, row.fault_name),
+                    "two rows with one fault name"
+                );
+                j += 1;
+            }
             index[row.opcode as usize] = (i + 1) as u8;
             i += 1;
         }
@@ -84,6 +101,14 @@ impl CommandTable {
                 .get(usize::from(at) - 1)
                 .ok_or(Status::INVALID_OPCODE),
         }
+    }
+
+    /// `(opcode, fault name)` of every row, in table order.
+    pub fn fault_names(&self) -> Vec<(u8, &'static str)> {
+        self.rows
+            .iter()
+            .map(|row| (row.opcode, row.fault_name))
+            .collect()
     }
 
     /// `(opcode, name)` of every row, in table order.
@@ -113,4 +138,47 @@ impl CommandTable {
         }
         dwords
     }
+}
+
+/// Fault specs name a table's commands by their rows' fault names.
+impl p2plab_fault::OpcodeNames for CommandTable {
+    fn opcode_names(&self) -> Vec<(u8, String)> {
+        self.rows
+            .iter()
+            .map(|row| (row.opcode, row.fault_name.to_string()))
+            .collect()
+    }
+}
+
+/// `p2plab_fault::is_spec_name`, as a `const fn` for the table checks.
+const fn is_fault_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || !bytes[0].is_ascii_lowercase() {
+        return false;
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// String equality in a `const fn`.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

@@ -3,13 +3,13 @@
 //! function here runs only while tracing is on: callers pass them as the
 //! closure of [`Tracer::record`](p2plab_trace::Tracer::record).
 
-use p2plab_fault::Decision;
 use p2plab_trace::hex;
 use serde_json::{json, Map, Value};
 
 use crate::admin::ADMIN_COMMANDS;
 use crate::command::{Command, Completion};
 use crate::datapointer::DataTransfer;
+use crate::fault::Decision;
 use crate::fields::{CommandFields, ReadWrite};
 use crate::io::IO_COMMANDS;
 use crate::spec::io as io_op;

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_fault::{CommandInfo, Decision};
 use tracing::{debug, info};
 
 use crate::admin::{self, ADMIN_COMMANDS};
 use crate::command::{Command, Completion};
 use crate::context::{BounceBuffers, CommandContext, Outcome};
+use crate::fault::{CommandInfo, Decision};
 use crate::fields::{CommandFields, ReadWrite};
 use crate::io::{self, IO_COMMANDS};
 use crate::logs::ErrorEntry;
@@ -176,21 +176,55 @@ impl Drop for LiveWorker<'_> {
     }
 }
 
+/// What a queue's loop does once its SQ is drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenDrained {
+    /// Wait for the host (the worker thread).
+    Wait,
+    /// Return to the caller, which runs the queue on its own thread
+    /// ([`run_queues_on_caller`]); also after `budget` entries, and before
+    /// fetching an entry its full CQ could not take.
+    #[cfg(feature = "testing")]
+    Return { budget: u32 },
+}
+
 /// The worker thread's body (the state's [`QueueWorker`](crate::state::QueueWorker)).
 pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc<CompletionQueue>) {
     let _live = LiveWorker(&state.live_workers);
-    let span = tracing::debug_span!("sq", id = sq.id);
-    let _span = span.enter();
     tracing::debug!(
+        sqid = sq.id,
         cqid = cq.id,
         entries = sq.entries,
         base = format_args!("{:#x}", sq.base),
         in_cmb = sq.in_cmb,
         "queue worker started"
     );
-    let mut head = 0u32;
+    serve(&state, &sq, &cq, WhenDrained::Wait);
+    tracing::debug!(sqid = sq.id, "queue worker stopped");
+}
+
+/// Fetch, execute, complete and interrupt, from the SQ head the queue
+/// reached so far (0 for a new queue), until the queue stops or, with
+/// [`WhenDrained::Return`], it is drained.
+fn serve(
+    state: &Arc<ControllerState>,
+    sq: &Arc<SubmissionQueue>,
+    cq: &Arc<CompletionQueue>,
+    when_drained: WhenDrained,
+) {
+    let span = tracing::debug_span!("sq", id = sq.id);
+    let _span = span.enter();
+    let mut head = sq.head.load(Ordering::Acquire);
     let mut unsignalled = 0u32;
     let mut hold = InterruptHold::default();
+    let hold_time = match when_drained {
+        WhenDrained::Wait => HOLD,
+        // Nobody submits while the caller's thread runs the queue.
+        #[cfg(feature = "testing")]
+        WhenDrained::Return { .. } => Duration::ZERO,
+    };
+    #[cfg(feature = "testing")]
+    let mut fetched = 0u32;
     let mut buffers = BounceBuffers::default();
     let execute = if sq.id == 0 {
         admin::execute
@@ -202,26 +236,46 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
             break;
         }
         if sq.id == 0 {
-            admin::deliver_events(&state, &cq, head as u16);
+            admin::deliver_events(state, cq, head as u16);
         }
         let tail = sq.current_tail(&state.mem);
         if head == tail {
             if unsignalled > 0 {
-                state.interrupt(&cq);
+                state.interrupt(cq);
                 unsignalled = 0;
             }
-            if sq.shadow().is_some() && poll_for_tail(&state, &sq, head) {
+            if when_drained == WhenDrained::Wait
+                && sq.shadow().is_some()
+                && poll_for_tail(state, sq, head)
+            {
                 continue;
             }
             if sq.arm_event_idx(&state.mem, head) {
                 continue;
             }
-            sq.wake.wait(if sq.shadow().is_some() {
-                IDLE_SHADOW
-            } else {
-                IDLE
-            });
+            match when_drained {
+                WhenDrained::Wait => sq.wake.wait(if sq.shadow().is_some() {
+                    IDLE_SHADOW
+                } else {
+                    IDLE
+                }),
+                #[cfg(feature = "testing")]
+                WhenDrained::Return { .. } => break,
+            }
             continue;
+        }
+        #[cfg(feature = "testing")]
+        if let WhenDrained::Return { budget } = when_drained {
+            // A worker thread would wait in `post` for the host to free a
+            // slot; the caller's thread is the host, so leave the entry
+            // for the next run instead.
+            if fetched >= budget || cq.is_full(&state.mem) {
+                if unsignalled > 0 {
+                    state.interrupt(cq);
+                }
+                break;
+            }
+            fetched += 1;
         }
         let mut raw = [0u8; SQE_SIZE];
         match state.mem.read(sq.entry_address(head), &mut raw) {
@@ -245,7 +299,7 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         let started = Instant::now();
         let fault = state.decide_faults(&command_info(sq.id, &cmd));
         if !fault.is_none() {
-            match apply_fault(&state, &sq, &cq, &cmd, &fault) {
+            match apply_fault(state, sq, cq, &cmd, &fault) {
                 FaultStep::Run => {}
                 FaultStep::Held => continue,
                 FaultStep::Stop => break,
@@ -254,7 +308,7 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         let completion = match fault.status {
             Some((sct_sc, dnr, more)) => Completion::error(injected_status(sct_sc, dnr, more)),
             None => {
-                let mut cx = CommandContext::new(&state, &cmd, &cq, head as u16, &mut buffers);
+                let mut cx = CommandContext::new(state, &cmd, cq, head as u16, &mut buffers);
                 cx.corrupt = fault.corrupt;
                 match execute(&mut cx) {
                     Outcome::Complete(c) => c,
@@ -263,9 +317,9 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
                 }
             }
         };
-        note_completion(&state, sq.id, &cmd, &completion, started);
+        note_completion(state, sq.id, &cmd, &completion, started);
         state.trace.record_span("cmd", started, || {
-            crate::trace::command(&state, sq.id, &cmd, &completion, fault.status.is_some())
+            crate::trace::command(state, sq.id, &cmd, &completion, fault.status.is_some())
         });
         match cq.post(
             &state.mem,
@@ -296,8 +350,8 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
                     .stats
                     .interrupts_delayed
                     .fetch_add(1, Ordering::Relaxed);
-                sleep_unless_stopped(&sq, fault.interrupt_delay);
-                state.interrupt(&cq);
+                sleep_unless_stopped(sq, fault.interrupt_delay);
+                state.interrupt(cq);
                 unsignalled = 0;
                 continue;
             }
@@ -312,21 +366,63 @@ pub(crate) fn run(state: Arc<ControllerState>, sq: Arc<SubmissionQueue>, cq: Arc
         // there, the host queued some meanwhile, or does so within the
         // hold): one interrupt then covers several completions.
         if unsignalled >= MAX_UNSIGNALLED
-            || (head == tail
-                && !hold.more_coming(
-                    &DrainedQueue {
-                        state: &state,
-                        sq: &sq,
-                        head,
-                    },
-                    HOLD,
-                ))
+            || (head == tail && !hold.more_coming(&DrainedQueue { state, sq, head }, hold_time))
         {
-            state.interrupt(&cq);
+            state.interrupt(cq);
             unsignalled = 0;
         }
     }
-    tracing::debug!("queue worker stopped");
+}
+
+/// Entries a queue runs per turn of [`run_queues_on_caller`], so that a
+/// queue whose host-side tail moves as its own commands run (a shadow
+/// doorbell their data lands on) cannot hold the caller forever.
+#[cfg(feature = "testing")]
+const CALLER_BUDGET: u32 = 64;
+/// Turns over every queue per [`run_queues_on_caller`]: an admin command
+/// can give another queue work (creating it over a shadow doorbell).
+#[cfg(feature = "testing")]
+const CALLER_TURNS: usize = 4;
+
+/// Runs every queue's pending entries on the caller's thread, through the
+/// same code and the same boundary as a worker thread, until no queue
+/// has work (or each had [`CALLER_TURNS`] turns).
+#[cfg(feature = "testing")]
+pub(crate) fn run_queues_on_caller(state: &Arc<ControllerState>) {
+    for _ in 0..CALLER_TURNS {
+        let queues: Vec<(Arc<SubmissionQueue>, Arc<CompletionQueue>)> = {
+            let table = crate::lock(&state.queues);
+            table
+                .sqs
+                .iter()
+                .flatten()
+                .filter_map(|sq| Some((Arc::clone(sq), Arc::clone(table.cq(sq.cqid)?))))
+                .collect()
+        };
+        let fetched = |queues: &[(Arc<SubmissionQueue>, Arc<CompletionQueue>)]| -> u64 {
+            queues
+                .iter()
+                .map(|(sq, _)| sq.fetched.load(Ordering::Relaxed))
+                .sum()
+        };
+        let before = fetched(&queues);
+        for (sq, cq) in &queues {
+            state.at_worker_boundary(sq.id, || {
+                serve(
+                    state,
+                    sq,
+                    cq,
+                    WhenDrained::Return {
+                        budget: CALLER_BUDGET,
+                    },
+                )
+            });
+        }
+        let count = crate::lock(&state.queues).sqs.iter().flatten().count();
+        if fetched(&queues) == before && count == queues.len() {
+            break;
+        }
+    }
 }
 
 /// The fields of a command that injection specs match on.

@@ -104,8 +104,50 @@ pub struct ServerArgs {
     /// the IOMMU (an IOVA). The lab derives it from the topology.
     #[arg(long, value_name = "all|none|ID,..", default_value = "all",
           value_parser = p2plab_peer::DirectPeers::parse,
-          display_order = AFTER_DEVICE_FLAGS + 13)]
+          display_order = AFTER_DEVICE_FLAGS + 15)]
     pub direct_peers: p2plab_peer::DirectPeers,
+    /// Also open a control socket for the guest at PATH (mode 0600), for
+    /// QEMU to connect a virtio-serial port to (`scripts/run-vm
+    /// --guest-control`). Off unless given. The guest may ask for status,
+    /// inject, clear and trace, but not reset, nor clear what the host
+    /// armed or switch off a trace the host switched on.
+    #[arg(long, value_name = "PATH", display_order = AFTER_DEVICE_FLAGS + 13)]
+    pub guest_control_socket: Option<PathBuf>,
+
+    /// Cap on the trace file's size (what it held before counts): at the
+    /// cap recording stops, a last line says why, and `trace` status
+    /// reports `stopped_at_cap`. A size like 256M, 1G, 65536; at least 1K.
+    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = parse_trace_cap,
+          display_order = AFTER_DEVICE_FLAGS + 14)]
+    pub trace_max_bytes: u64,
+}
+
+/// A byte count (digits with an optional binary suffix K, M, G, T) of at
+/// least [`p2plab_trace::MIN_MAX_BYTES`].
+fn parse_trace_cap(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(digits_end);
+    let shift = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => return Err(format!("{text:?} is not a size like 256M, 1G or 65536")),
+    };
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size like 256M, 1G or 65536"))?;
+    if bytes < p2plab_trace::MIN_MAX_BYTES {
+        return Err(format!(
+            "{text:?} is below the smallest trace cap, {} bytes",
+            p2plab_trace::MIN_MAX_BYTES
+        ));
+    }
+    Ok(bytes)
 }
 
 /// `on` or `off`, naming the bad value otherwise.
@@ -155,10 +197,23 @@ impl ServerArgs {
             .unwrap_or_else(|| p2plab_trace::default_trace_path(&self.socket))
     }
 
+    /// Where the control sockets go: the host's, and the guest's if
+    /// `--guest-control-socket` asks for one.
+    pub fn control_sockets(&self) -> crate::control::ControlSockets {
+        crate::control::ControlSockets {
+            host: self.control_path(),
+            guest: self.guest_control_socket.clone(),
+        }
+    }
+
     /// Points `tracer` at [`trace_path`](Self::trace_path), named after
-    /// the socket, and switches it on with `--trace`.
+    /// the socket, capped at `--trace-max-bytes`, and switches it on with
+    /// `--trace`.
     pub fn configure_tracer(&self, tracer: &p2plab_trace::Tracer) -> anyhow::Result<()> {
         let path = self.trace_path();
+        tracer
+            .set_max_bytes(self.trace_max_bytes)
+            .map_err(|e| anyhow::anyhow!("--trace-max-bytes: {e}"))?;
         tracer.configure(&path, &p2plab_trace::device_name(&self.socket));
         if self.trace {
             tracer
@@ -350,6 +405,58 @@ mod tests {
         );
     }
 
+    /// Catches a trace cap flag that does not reach the tracer, takes a
+    /// cap too small for a header, or has no default (an unbounded file).
+    #[test]
+    fn trace_max_bytes_reaches_the_tracer_with_a_floor() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["dev", "--socket", "/tmp/p2plab-args-x.sock"];
+            argv.extend_from_slice(extra);
+            DeviceArgs::try_parse_from(argv).map(|a| a.server)
+        };
+        assert_eq!(parse(&[]).unwrap().trace_max_bytes, 256 << 20);
+        assert_eq!(
+            parse(&["--trace-max-bytes", "4K"]).unwrap().trace_max_bytes,
+            4096
+        );
+        assert_eq!(
+            parse(&["--trace-max-bytes", "65536"])
+                .unwrap()
+                .trace_max_bytes,
+            65536
+        );
+        for bad in ["512", "lots", "1Q", "99999999999T"] {
+            let err = parse(&["--trace-max-bytes", bad]).unwrap_err().to_string();
+            assert!(err.contains("--trace-max-bytes"), "{bad}: {err}");
+        }
+        let args = parse(&["--trace-max-bytes", "2K"]).unwrap();
+        let tracer = p2plab_trace::Tracer::new();
+        args.configure_tracer(&tracer).unwrap();
+        assert_eq!(tracer.status().max_bytes, 2048);
+    }
+
+    /// Catches a guest control socket that is on by default, or whose
+    /// path does not reach the control server.
+    #[test]
+    fn the_guest_control_socket_is_off_unless_given() {
+        let bare = DeviceArgs::try_parse_from(["dev", "--socket", "/r/nvme0.sock"]).unwrap();
+        let sockets = bare.server.control_sockets();
+        assert_eq!(sockets.host, PathBuf::from("/r/nvme0.ctl"));
+        assert_eq!(sockets.guest, None);
+        let on = DeviceArgs::try_parse_from([
+            "dev",
+            "--socket",
+            "/r/nvme0.sock",
+            "--guest-control-socket",
+            "/r/nvme0.guest.ctl",
+        ])
+        .unwrap();
+        assert_eq!(
+            on.server.control_sockets().guest,
+            Some(PathBuf::from("/r/nvme0.guest.ctl"))
+        );
+    }
+
     #[test]
     fn stats_interval_has_a_floor() {
         let args = DeviceArgs::try_parse_from(["dev", "--socket", "s", "--stats-interval-ms", "0"])
@@ -375,6 +482,8 @@ mod tests {
             "--control-socket",
             "--trace",
             "--trace-file",
+            "--guest-control-socket",
+            "--trace-max-bytes",
             "--help",
         ]
         .iter()

@@ -1,34 +1,41 @@
-//! The control socket: a unix socket next to the vfio-user socket through
-//! which `p2plab-ctl` (or a test) asks a running server for its state, arms
-//! and clears fault injections, and resets the device.
+//! The control sockets: unix sockets through which `p2plab-ctl` (or a
+//! test) asks a running server for its state, arms and clears fault
+//! injections, resets the device and switches its trace.
 //!
 //! Protocol: JSON lines. Each request is one line, a [`ControlRequest`]
 //! (`{"cmd":"inject","spec":"timeout,count=1"}`); each reply is one line,
-//! `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. The socket
-//! file is mode 0600, and a peer of another uid is refused (SO_PEERCRED),
-//! whatever the file's mode.
+//! `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 //!
-//! A [`ControlHandler`] answers the requests; for a device it is
+//! Two [`Channel`]s, each its own socket file (mode 0600 from bind; a peer
+//! of another uid is refused with SO_PEERCRED, whatever the file's mode):
+//!
+//! - the host's (`NAME.ctl` next to the vfio-user socket): every verb;
+//! - the guest's (`--guest-control-socket`, off unless given): the socket
+//!   QEMU connects a guest's virtio-serial port to. The guest may ask for
+//!   `status`, `inject` and `trace`, and `clear`; it may not `reset` (it
+//!   resets the function itself, with FLR), nor undo what the host did:
+//!   its `clear` is refused while injections armed from the host may be
+//!   in place, its `trace off` while the host switched the trace on
+//!   ([`Dispatcher`]).
+//!
+//! [`listener`] serves the sockets (connection caps, timeouts). A
+//! [`ControlHandler`] answers the requests; for a device it is
 //! [`crate::DeviceHandler`] over the model's `p2plab_kit::DeviceControl`.
 //! This module knows no device.
 
+mod listener;
+
+pub use listener::{ControlServer, ControlSockets, IDLE_TIMEOUT, MAX_HOST_CONNECTIONS, MAX_LINE};
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::thread;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use p2plab_vfio_user::server::{current_uid, peer_uid};
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
-
-/// Longest request line accepted; a longer one closes the connection.
-const MAX_LINE: u64 = 64 * 1024;
-/// Connections served at once; more are closed at once.
-const MAX_CONNECTIONS: usize = 8;
 
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +53,8 @@ pub enum ControlRequest {
     /// Function-level reset of the device (what FLR does).
     Reset,
     /// Switches the decoded trace on (`true`) or off (`false`), or only
-    /// reports it (no `on`). The reply is `{"on":..,"path":..,"events":..}`.
+    /// reports it (no `on`). The reply is `{"on":..,"path":..,"events":..,
+    /// "bytes":..,"max_bytes":..,"stopped_at_cap":..}`.
     Trace {
         /// The new state; absent to only ask.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,30 +75,138 @@ pub trait ControlHandler: Send + Sync + 'static {
     }
 }
 
-/// Answers `request`: `trace` from the handler's tracer, the rest by the
-/// handler.
-fn answer(
-    handler: &dyn ControlHandler,
-    request: &ControlRequest,
-) -> Result<serde_json::Value, String> {
-    let ControlRequest::Trace { on } = request else {
-        let value = handler.handle(request)?;
-        return Ok(match request {
-            ControlRequest::Status => crate::usage::with_process_usage(value),
-            _ => value,
-        });
-    };
-    let tracer = handler
-        .tracer()
-        .ok_or_else(|| "this device has no trace".to_string())?;
-    match on {
-        Some(true) => tracer
-            .enable()
-            .map_err(|e| format!("switching the trace on: {e}"))?,
-        Some(false) => tracer.disable(),
-        None => {}
+/// Which socket a request came through, and so what it may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// The host's control socket: every verb.
+    Host,
+    /// The guest's, through QEMU's virtio-serial port: see the module
+    /// documentation.
+    Guest,
+}
+
+impl Channel {
+    /// The channel's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Channel::Host => "host",
+            Channel::Guest => "guest",
+        }
     }
-    Ok(tracer.status().to_json())
+}
+
+/// Answers requests from either channel, holding the guest to its rules.
+/// One per device, shared by its sockets; `--inject` flags go through it
+/// too (as the host's).
+pub struct Dispatcher {
+    handler: Arc<dyn ControlHandler>,
+    /// The host armed an injection since it last cleared.
+    host_armed: AtomicBool,
+    /// Who switched the trace on last (`None`: the `--trace` flag, or
+    /// nobody through a socket).
+    trace_switched_on_by: Mutex<Option<Channel>>,
+}
+
+impl Dispatcher {
+    /// Answers for `handler`.
+    pub fn new(handler: Arc<dyn ControlHandler>) -> Self {
+        Self {
+            handler,
+            host_armed: AtomicBool::new(false),
+            trace_switched_on_by: Mutex::new(None),
+        }
+    }
+
+    /// Answers `request` from `channel`: `trace` from the handler's
+    /// tracer, the rest by the handler, unless the channel may not ask it.
+    pub fn answer(
+        &self,
+        channel: Channel,
+        request: &ControlRequest,
+    ) -> Result<serde_json::Value, String> {
+        if channel == Channel::Guest {
+            self.guest_may(request)?;
+        }
+        let ControlRequest::Trace { on } = request else {
+            let value = self.handler.handle(request)?;
+            match (channel, request) {
+                (Channel::Host, ControlRequest::Inject { .. }) => {
+                    self.host_armed.store(true, Ordering::Relaxed)
+                }
+                (Channel::Host, ControlRequest::Clear) => {
+                    self.host_armed.store(false, Ordering::Relaxed)
+                }
+                _ => {}
+            }
+            return Ok(match request {
+                ControlRequest::Status => crate::usage::with_process_usage(value),
+                _ => value,
+            });
+        };
+        let tracer = self
+            .handler
+            .tracer()
+            .ok_or_else(|| "this device has no trace".to_string())?;
+        let mut switched_on_by = self
+            .trace_switched_on_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match on {
+            Some(true) if !tracer.on() => {
+                tracer
+                    .enable()
+                    .map_err(|e| format!("switching the trace on: {e}"))?;
+                *switched_on_by = Some(channel);
+            }
+            Some(false) => tracer.disable(),
+            _ => {}
+        }
+        Ok(tracer.status().to_json())
+    }
+
+    /// Refuses what the guest's channel may not do.
+    fn guest_may(&self, request: &ControlRequest) -> Result<(), String> {
+        match request {
+            ControlRequest::Status | ControlRequest::Inject { .. } => Ok(()),
+            ControlRequest::Reset => Err(
+                "reset is not offered on the guest channel: reset the function from the guest \
+                 (echo 1 > /sys/bus/pci/devices/BDF/reset), or from the host's control socket"
+                    .into(),
+            ),
+            ControlRequest::Clear if self.host_armed.load(Ordering::Relaxed) => Err(
+                "injections armed from the host may be in place, and clear would disarm them too: \
+                 clear from the host's control socket"
+                    .into(),
+            ),
+            ControlRequest::Clear => Ok(()),
+            ControlRequest::Trace { on: Some(false) } => {
+                let by = *self
+                    .trace_switched_on_by
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let on = self.handler.tracer().is_some_and(|t| t.on());
+                if on && by != Some(Channel::Guest) {
+                    return Err(
+                        "the trace was switched on from the host: switch it off there".into(),
+                    );
+                }
+                Ok(())
+            }
+            ControlRequest::Trace { .. } => Ok(()),
+        }
+    }
+
+    /// The reply line (newline included) to a request line.
+    pub fn reply_line(&self, channel: Channel, line: &[u8]) -> String {
+        let reply = match serde_json::from_slice::<ControlRequest>(line.trim_ascii()) {
+            Ok(request) => match self.answer(channel, &request) {
+                Ok(result) => Reply::ok(result),
+                Err(error) => Reply::error(error),
+            },
+            Err(e) => Reply::error(format!("bad request: {e}")),
+        };
+        reply.line()
+    }
 }
 
 /// A reply line.
@@ -103,138 +219,37 @@ struct Reply {
     error: Option<String>,
 }
 
+impl Reply {
+    fn ok(result: serde_json::Value) -> Self {
+        Self {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    fn error(error: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            result: None,
+            error: Some(error.into()),
+        }
+    }
+
+    /// As one line, newline included.
+    fn line(&self) -> String {
+        let mut text = serde_json::to_string(self)
+            .unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"reply not encodable: {e}"}}"#));
+        text.push('\n');
+        text
+    }
+}
+
 /// The control socket of `socket` (the vfio-user socket) when none is
 /// given: the same path with the extension `ctl` (`nvme0.sock` →
 /// `nvme0.ctl`).
 pub fn default_control_path(socket: &Path) -> PathBuf {
     socket.with_extension("ctl")
-}
-
-/// A listening control socket; the file is removed on drop.
-pub struct ControlServer {
-    path: PathBuf,
-}
-
-impl ControlServer {
-    /// Binds `path` (replacing a stale socket file there) and serves it on
-    /// a thread.
-    pub fn start(path: &Path, handler: Arc<dyn ControlHandler>) -> io::Result<Self> {
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if !meta.file_type().is_socket() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a socket", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
-        // Only our uid; peers are checked with SO_PEERCRED too, so the
-        // moment before this chmod opens nothing.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        info!(path = %path.display(), "control socket listening");
-        let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        thread::Builder::new()
-            .name("control".into())
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    let Ok(stream) = stream else { continue };
-                    if let Err(e) = check_peer(&stream) {
-                        warn!(%e, "control connection refused");
-                        continue;
-                    }
-                    if live.load(std::sync::atomic::Ordering::Acquire) >= MAX_CONNECTIONS {
-                        warn!("control connection refused: too many");
-                        continue;
-                    }
-                    live.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                    let handler = Arc::clone(&handler);
-                    let live = Arc::clone(&live);
-                    let spawned =
-                        thread::Builder::new()
-                            .name("control-conn".into())
-                            .spawn(move || {
-                                if let Err(e) = serve(stream, handler.as_ref()) {
-                                    warn!(%e, "control connection ended");
-                                }
-                                live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                            });
-                    if spawned.is_err() {
-                        warn!("control connection dropped: no thread");
-                    }
-                }
-            })?;
-        Ok(Self {
-            path: path.to_path_buf(),
-        })
-    }
-
-    /// Where the socket is.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Refuses peers of another uid (the same rule as the vfio-user socket).
-fn check_peer(stream: &UnixStream) -> io::Result<()> {
-    let peer = peer_uid(stream)?;
-    let ours = current_uid();
-    if peer != ours {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("peer uid {peer} is not ours ({ours})"),
-        ));
-    }
-    Ok(())
-}
-
-/// Answers request lines until the peer closes.
-fn serve(stream: UnixStream, handler: &dyn ControlHandler) -> io::Result<()> {
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    loop {
-        let mut line = String::new();
-        let n = (&mut reader).take(MAX_LINE).read_line(&mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if !line.ends_with('\n') && n as u64 >= MAX_LINE {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "request line too long",
-            ));
-        }
-        let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
-            Ok(request) => match answer(handler, &request) {
-                Ok(result) => Reply {
-                    ok: true,
-                    result: Some(result),
-                    error: None,
-                },
-                Err(error) => Reply {
-                    ok: false,
-                    result: None,
-                    error: Some(error),
-                },
-            },
-            Err(e) => Reply {
-                ok: false,
-                result: None,
-                error: Some(format!("bad request: {e}")),
-            },
-        };
-        let mut text = serde_json::to_string(&reply).map_err(io::Error::other)?;
-        text.push('\n');
-        writer.write_all(text.as_bytes())?;
-    }
 }
 
 /// How long a client waits for a reply.
@@ -252,6 +267,9 @@ pub fn request(path: &Path, request: &ControlRequest) -> anyhow::Result<serde_js
     writer.write_all(text.as_bytes())?;
     let mut line = String::new();
     BufReader::new(stream).take(16 << 20).read_line(&mut line)?;
+    if line.is_empty() {
+        anyhow::bail!("{} closed the connection without a reply", path.display());
+    }
     parse_reply(&line, path)
 }
 
@@ -326,11 +344,12 @@ fn parse_reply(line: &str, from: &Path) -> anyhow::Result<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use std::sync::Mutex;
 
     /// Records requests; refuses specs containing "bad".
     #[derive(Default)]
-    struct Recorder(Mutex<Vec<ControlRequest>>);
+    pub(super) struct Recorder(pub(super) Mutex<Vec<ControlRequest>>);
 
     impl ControlHandler for Recorder {
         fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
@@ -344,19 +363,29 @@ mod tests {
         }
     }
 
-    fn temp_path(name: &str) -> PathBuf {
+    pub(super) fn temp_path(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("p2plab-ctl-test-{}-{name}", std::process::id()))
+    }
+
+    /// The host socket alone at `path`, answering for `handler`.
+    pub(super) fn host_only(path: &Path, handler: Arc<dyn ControlHandler>) -> ControlServer {
+        let sockets = ControlSockets {
+            host: path.to_path_buf(),
+            guest: None,
+        };
+        ControlServer::start(&sockets, Arc::new(Dispatcher::new(handler))).unwrap()
     }
 
     #[test]
     fn requests_round_trip_and_errors_come_back() {
         let path = temp_path("a.ctl");
         let handler = Arc::new(Recorder::default());
-        let server = ControlServer::start(&path, handler.clone()).unwrap();
+        let server = host_only(&path, handler.clone());
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let result = request(&path, &ControlRequest::Status).unwrap();
         assert_eq!(result["seen"], 1);
+        assert!(result["process"]["cpu_user_us"].is_u64(), "{result}");
         let inject = ControlRequest::Inject {
             spec: "timeout".into(),
         };
@@ -399,12 +428,13 @@ mod tests {
         );
     }
 
-    /// A device with a trace.
-    struct Traced(p2plab_trace::Tracer);
+    /// A device with a trace; records what else it is asked.
+    #[derive(Default)]
+    struct Traced(p2plab_trace::Tracer, Recorder);
 
     impl ControlHandler for Traced {
-        fn handle(&self, _: &ControlRequest) -> Result<serde_json::Value, String> {
-            Err("only trace here".into())
+        fn handle(&self, request: &ControlRequest) -> Result<serde_json::Value, String> {
+            self.1.handle(request)
         }
 
         fn tracer(&self) -> Option<&p2plab_trace::Tracer> {
@@ -413,21 +443,28 @@ mod tests {
     }
 
     /// Catches a `trace` request that does not reach the device's tracer,
-    /// or a device without one that answers as if it had.
+    /// a device without one that answers as if it had, or a reply without
+    /// the file's size and cap.
     #[test]
     fn trace_requests_switch_the_tracer() {
         let path = temp_path("t.ctl");
         let file = temp_path("t.trace.jsonl");
         let _ = std::fs::remove_file(&file);
-        let handler = Arc::new(Traced(p2plab_trace::Tracer::new()));
-        let server = ControlServer::start(&path, handler.clone()).unwrap();
+        let handler = Arc::new(Traced::default());
+        let server = host_only(&path, handler.clone());
         let on = |on| request(&path, &ControlRequest::Trace { on });
         let err = on(Some(true)).unwrap_err().to_string();
         assert!(err.contains("no trace file configured"), "{err}");
         handler.0.configure(&file, "dev0");
+        handler.0.set_max_bytes(1 << 20).unwrap();
         let reply = on(Some(true)).unwrap();
         assert_eq!(reply["on"], true);
         assert_eq!(reply["path"], file.display().to_string());
+        assert_eq!(reply["max_bytes"], 1 << 20);
+        assert_eq!(reply["stopped_at_cap"], false);
+        let header = std::fs::metadata(&file).unwrap().len();
+        assert!(header > 0);
+        assert_eq!(reply["bytes"], header, "the header counts");
         assert!(handler.0.on());
         assert_eq!(on(None).unwrap()["on"], true, "asking changes nothing");
         assert_eq!(on(Some(false)).unwrap()["on"], false);
@@ -438,7 +475,7 @@ mod tests {
         );
         drop(server);
         let plain = temp_path("p.ctl");
-        let server = ControlServer::start(&plain, Arc::new(Recorder::default())).unwrap();
+        let server = host_only(&plain, Arc::new(Recorder::default()));
         let err = request(&plain, &ControlRequest::Trace { on: Some(true) }).unwrap_err();
         assert_eq!(err.to_string(), "this device has no trace");
         drop(server);
@@ -449,9 +486,112 @@ mod tests {
     fn refuses_to_replace_a_regular_file() {
         let path = temp_path("plain");
         std::fs::write(&path, b"keep").unwrap();
-        let err = ControlServer::start(&path, Arc::new(Recorder::default())).err();
-        assert!(err.is_some());
+        let sockets = ControlSockets {
+            host: temp_path("plain-host.ctl"),
+            guest: Some(path.clone()),
+        };
+        let dispatcher = Arc::new(Dispatcher::new(Arc::new(Recorder::default())));
+        assert!(ControlServer::start(&sockets, Arc::clone(&dispatcher)).is_err());
+        let host = ControlSockets {
+            host: path.clone(),
+            guest: None,
+        };
+        assert!(ControlServer::start(&host, dispatcher).is_err());
         assert_eq!(std::fs::read(&path).unwrap(), b"keep");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Catches a guest channel that may reset the device, disarm what the
+    /// host armed, or switch off a trace the host switched on; and one
+    /// that refuses what the guest may do (status, inject, its own clear
+    /// and trace), or a host channel held to the guest's rules.
+    #[test]
+    fn the_guest_channel_cannot_undo_the_host() {
+        let file = temp_path("g.trace.jsonl");
+        let _ = std::fs::remove_file(&file);
+        let handler = Arc::new(Traced::default());
+        handler.0.configure(&file, "dev0");
+        let d = Dispatcher::new(handler.clone());
+        let (host, guest) = (Channel::Host, Channel::Guest);
+        let inject = |spec: &str| ControlRequest::Inject { spec: spec.into() };
+        let trace = |on| ControlRequest::Trace { on };
+
+        assert!(d.answer(guest, &ControlRequest::Status).is_ok());
+        let err = d.answer(guest, &ControlRequest::Reset).unwrap_err();
+        assert!(err.contains("not offered on the guest channel"), "{err}");
+        assert!(d.answer(guest, &inject("timeout")).is_ok());
+        assert!(d.answer(guest, &ControlRequest::Clear).is_ok(), "its own");
+
+        d.answer(host, &inject("cfs")).unwrap();
+        let err = d.answer(guest, &ControlRequest::Clear).unwrap_err();
+        assert!(err.contains("armed from the host"), "{err}");
+        assert!(d.answer(guest, &inject("timeout")).is_ok());
+        d.answer(host, &ControlRequest::Clear).unwrap();
+        assert!(d.answer(guest, &ControlRequest::Clear).is_ok());
+        // A refused host inject arms nothing.
+        assert!(d.answer(host, &inject("bad")).is_err());
+        assert!(d.answer(guest, &ControlRequest::Clear).is_ok());
+
+        d.answer(host, &trace(Some(true))).unwrap();
+        assert_eq!(d.answer(guest, &trace(Some(true))).unwrap()["on"], true);
+        let err = d.answer(guest, &trace(Some(false))).unwrap_err();
+        assert!(err.contains("switched on from the host"), "{err}");
+        assert!(handler.0.on());
+        d.answer(host, &trace(Some(false))).unwrap();
+        d.answer(guest, &trace(Some(true))).unwrap();
+        assert_eq!(d.answer(guest, &trace(Some(false))).unwrap()["on"], false);
+        assert!(!handler.0.on());
+
+        assert!(d.answer(host, &ControlRequest::Reset).is_ok());
+        let seen = handler.1 .0.lock().unwrap();
+        assert_eq!(
+            seen.iter()
+                .filter(|r| matches!(r, ControlRequest::Reset | ControlRequest::Clear))
+                .count(),
+            5,
+            "the refused ones never reached the device: {seen:?}"
+        );
+        drop(seen);
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    /// Catches a guest socket that is not 0600, that the guest's rules do
+    /// not reach, or that serves a second connection beside QEMU's.
+    #[test]
+    fn the_guest_socket_has_its_own_rules_and_one_connection() {
+        let sockets = ControlSockets {
+            host: temp_path("h2.ctl"),
+            guest: Some(temp_path("h2.guest.ctl")),
+        };
+        let guest = sockets.guest.clone().unwrap();
+        let server = ControlServer::start(
+            &sockets,
+            Arc::new(Dispatcher::new(Arc::new(Recorder::default()))),
+        )
+        .unwrap();
+        let mode = std::fs::metadata(&guest).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(request(&sockets.host, &ControlRequest::Reset).is_ok());
+        let err = request(&guest, &ControlRequest::Reset).unwrap_err();
+        assert!(err.to_string().contains("guest channel"), "{err}");
+        assert!(request(&guest, &ControlRequest::Status).is_ok());
+
+        let qemu = UnixStream::connect(&guest).unwrap();
+        // Served: it gets its reply.
+        let mut w = qemu.try_clone().unwrap();
+        w.write_all(b"{\"cmd\":\"status\"}\n").unwrap();
+        let mut reader = BufReader::new(qemu);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("{\"ok\":true"), "{line}");
+        let err = request(&guest, &ControlRequest::Status).unwrap_err();
+        assert!(err.to_string().contains("too many connections"), "{err}");
+        // The first one is still served.
+        w.write_all(b"{\"cmd\":\"status\"}\n").unwrap();
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("{\"ok\":true"), "{line}");
+        drop(server);
+        assert!(!guest.exists());
     }
 }

@@ -9,7 +9,8 @@
 //! - the open-file limit raised to its hard maximum (each DMA range and
 //!   interrupt keeps a client fd open),
 //! - [`log_limited!`] for log lines a guest or client can trigger at will,
-//! - the control socket ([`control`]) that `p2plab-ctl` talks to,
+//! - the control sockets ([`control`]) that `p2plab-ctl` talks to: the
+//!   host's, and the guest's when asked for,
 //! - marks of a run's counters and the provenance verdict built on them
 //!   ([`provenance`]: did a GPU's data bounce through guest RAM?),
 //! - the `main` skeleton: order of setup, error reporting and exit codes,
@@ -51,7 +52,8 @@
 //! stats_file  -> counters                                       (stats file thread)
 //! logging     -> args
 //! args        -> control                                        (its default path)
-//! control     -> usage                                          (control socket)
+//! control     -> usage                                          (control sockets)
+//! testing     -> control                                        (feature `testing`)
 //! counters, pci_ids, usage                                      (leaves)
 //! ```
 
@@ -68,6 +70,8 @@ pub mod provenance;
 mod serve;
 mod signals;
 mod stats_file;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod usage;
 
 pub use args::ServerArgs;

@@ -12,7 +12,7 @@ use p2plab_vfio_user::{DmaSpace, Server};
 use tracing::info;
 
 use crate::args::ServerArgs;
-use crate::control::ControlServer;
+use crate::control::{Channel, ControlRequest, ControlServer, Dispatcher};
 use crate::device::{DeviceHandler, DeviceStats};
 use crate::process::Launch;
 
@@ -22,10 +22,10 @@ use crate::process::Launch;
 ///
 /// The order: share the device's peer BAR and follow where it decodes;
 /// point the tracer at its file; arm the injections; open the control
-/// socket; start the stats file; serve. Then, once the transport
-/// returns: the model's shutdown step, drop the model (its engines stop),
-/// close the peers (they drop their windows on our BAR), and write the
-/// final stats.
+/// sockets (the guest's too with `--guest-control-socket`); start the
+/// stats file; serve. Then, once the transport returns: the model's
+/// shutdown step, drop the model (its engines stop), close the peers
+/// (they drop their windows on our BAR), and write the final stats.
 pub fn serve_device<M: ServedDevice>(
     args: &ServerArgs,
     launch: Launch<'_>,
@@ -56,20 +56,29 @@ pub fn serve_device<M: ServedDevice>(
             }));
     }
     args.configure_tracer(control.tracer())?;
-    for spec in injections {
-        control
-            .inject(spec)
-            .map_err(|e| anyhow!("--inject {spec}: {e}"))?;
-    }
     let stats = Arc::new(DeviceStats::new(
         Arc::clone(&control),
         dma.clone(),
         peers.clone(),
         M::PEER_BAR,
     ));
-    let control_path = args.control_path();
-    let _control = ControlServer::start(&control_path, Arc::new(DeviceHandler(Arc::clone(&stats))))
-        .map_err(|e| anyhow!("--control-socket {}: {e}", control_path.display()))?;
+    let dispatcher = Arc::new(Dispatcher::new(Arc::new(DeviceHandler(Arc::clone(&stats)))));
+    // As the host's: the guest channel's `clear` leaves them alone.
+    for spec in injections {
+        let inject = ControlRequest::Inject { spec: spec.clone() };
+        dispatcher
+            .answer(Channel::Host, &inject)
+            .map_err(|e| anyhow!("--inject {spec}: {e}"))?;
+    }
+    let sockets = args.control_sockets();
+    let _control = ControlServer::start(&sockets, dispatcher).map_err(|e| {
+        let guest = sockets
+            .guest
+            .as_ref()
+            .map(|g| format!(" / --guest-control-socket {}", g.display()))
+            .unwrap_or_default();
+        anyhow!("--control-socket {}{guest}: {e}", sockets.host.display())
+    })?;
 
     let server = Server::new(args.server_config(), dma)?;
     let running = launch.start(&server, Arc::new(move || stats.json()))?;

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use p2plab_server::control::{ControlHandler, ControlRequest, ControlServer};
+use p2plab_server::control::{
+    ControlHandler, ControlRequest, ControlServer, ControlSockets, Dispatcher,
+};
 use serde_json::{json, Value};
 
 /// A server whose `status` is whatever the test set last.
@@ -63,8 +65,15 @@ fn the_exit_status_is_the_verdict() {
     let run = run_dir();
     let gpu0 = Arc::new(Canned(Mutex::new(gpu(0, 0))));
     let nvme0 = Arc::new(Canned(Mutex::new(nvme(0, 0))));
-    let _g = ControlServer::start(&run.join("gpu0.ctl"), gpu0.clone()).unwrap();
-    let _n = ControlServer::start(&run.join("nvme0.ctl"), nvme0.clone()).unwrap();
+    let serve = |name: &str, handler: Arc<Canned>| {
+        let sockets = ControlSockets {
+            host: run.join(format!("{name}.ctl")),
+            guest: None,
+        };
+        ControlServer::start(&sockets, Arc::new(Dispatcher::new(handler))).unwrap()
+    };
+    let _g = serve("gpu0", gpu0.clone());
+    let _n = serve("nvme0", nvme0.clone());
 
     let (code, out, err) = ctl(&run, &["mark", "before"]);
     assert_eq!(code, 0, "{out}{err}");

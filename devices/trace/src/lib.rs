@@ -17,6 +17,16 @@
 //!   job) has `dur_ns` and `t_ns` is its start; an injected fault carries
 //!   `"injected":true`.
 //!
+//! - a trace file never grows past its cap ([`Tracer::set_max_bytes`],
+//!   [`DEFAULT_MAX_BYTES`] unless set; what the file held before counts
+//!   too): the event that would cross it is dropped, a last `trace-stop`
+//!   line with `"reason":"max-bytes"` is written, and recording stops
+//!   ([`TraceStatus::stopped_at_cap`]). It stays off until switched on
+//!   again, which works once the file was moved away or truncated. Stop,
+//!   not rotate: one file per device keeps its `trace-start` header (the
+//!   clock base every later line needs) and the start of the story, the
+//!   tools read it as it is, and the disk use is exactly the cap.
+//!
 //! [`human`] turns an event into the line `p2plab-ctl trace --follow`
 //! prints; [`chrome`] turns trace files into Chrome trace-event JSON that
 //! ui.perfetto.dev and chrome://tracing open.
@@ -52,11 +62,28 @@ pub fn device_name(socket: &Path) -> String {
         .unwrap_or_else(|| "device".into())
 }
 
+/// The cap on a trace file when none is set: 256 MiB, about a million
+/// NVMe command events.
+pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+/// The smallest cap [`Tracer::set_max_bytes`] takes: room for the
+/// `trace-start` header, a few events and the closing `trace-stop` line.
+pub const MIN_MAX_BYTES: u64 = 1024;
+
+/// Room kept below the cap for the `trace-stop` line that closes a full
+/// file (the line is under 120 bytes).
+const STOP_LINE_ROOM: u64 = 160;
+
 /// Where and as what a tracer writes.
 struct Sink {
     path: PathBuf,
     device: String,
     file: Option<File>,
+    /// Bytes in the file: what it held when opened plus what we wrote.
+    bytes: u64,
+    /// Recording stopped because the next event would have crossed the
+    /// cap.
+    stopped_at_cap: bool,
 }
 
 /// A device's trace recorder. Off until [`enable`](Self::enable)d; a
@@ -67,6 +94,7 @@ pub struct Tracer {
     base: Instant,
     wall_ns_at_base: u64,
     events: AtomicU64,
+    max_bytes: AtomicU64,
     sink: Mutex<Option<Sink>>,
 }
 
@@ -85,15 +113,25 @@ pub struct TraceStatus {
     pub path: Option<PathBuf>,
     /// Events written since the process started.
     pub events: u64,
+    /// Bytes in the trace file (0 until it was first opened).
+    pub bytes: u64,
+    /// The cap on the file's size.
+    pub max_bytes: u64,
+    /// Recording stopped by itself because the file reached its cap.
+    pub stopped_at_cap: bool,
 }
 
 impl TraceStatus {
-    /// As JSON for the control socket: `{"on":..,"path":..,"events":..}`.
+    /// As JSON for the control socket: `{"on":..,"path":..,"events":..,
+    /// "bytes":..,"max_bytes":..,"stopped_at_cap":..}`.
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "on": self.on,
             "path": self.path.as_ref().map(|p| p.display().to_string()),
             "events": self.events,
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "stopped_at_cap": self.stopped_at_cap,
         })
     }
 }
@@ -109,8 +147,22 @@ impl Tracer {
             base: Instant::now(),
             wall_ns_at_base,
             events: AtomicU64::new(0),
+            max_bytes: AtomicU64::new(DEFAULT_MAX_BYTES),
             sink: Mutex::new(None),
         }
+    }
+
+    /// Caps the trace file at `max_bytes` (at least [`MIN_MAX_BYTES`]);
+    /// a smaller value is refused with a message naming the floor.
+    pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), String> {
+        if max_bytes < MIN_MAX_BYTES {
+            return Err(format!(
+                "{max_bytes} bytes is below the smallest trace cap, {MIN_MAX_BYTES}"
+            ));
+        }
+        let _sink = self.sink();
+        self.max_bytes.store(max_bytes, Ordering::Relaxed);
+        Ok(())
     }
 
     fn sink(&self) -> MutexGuard<'_, Option<Sink>> {
@@ -128,6 +180,8 @@ impl Tracer {
             path: path.to_path_buf(),
             device: device.to_string(),
             file: None,
+            bytes: 0,
+            stopped_at_cap: false,
         });
     }
 
@@ -138,8 +192,10 @@ impl Tracer {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Switches recording on, opening the file and writing a
-    /// `trace-start` header. Fails without a configured file.
+    /// Switches recording on, opening the file (for appending) and writing
+    /// a `trace-start` header. Fails without a configured file, or when
+    /// the file holds too much to take the header under the cap (then it
+    /// must be moved away or truncated first).
     pub fn enable(&self) -> io::Result<()> {
         let mut guard = self.sink();
         let Some(sink) = guard.as_mut() else {
@@ -151,14 +207,14 @@ impl Tracer {
         if self.on() {
             return Ok(());
         }
-        if sink.file.is_none() {
-            sink.file = Some(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&sink.path)?,
-            );
-        }
+        // Opened afresh at each switch-on, so a file moved away or
+        // truncated meanwhile starts a new count.
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&sink.path)?;
+        sink.bytes = file.metadata()?.len();
+        sink.file = Some(file);
         let header = serde_json::json!({
             "kind": "trace-start",
             "t_ns": self.now_ns(),
@@ -166,9 +222,22 @@ impl Tracer {
             "pid": std::process::id(),
             "wall_ns_at_t0": self.wall_ns_at_base,
         });
-        if let Some(file) = sink.file.as_mut() {
-            write_line(file, &header)?;
+        let line = json_line(&header)?;
+        let max = self.max_bytes.load(Ordering::Relaxed);
+        if !fits(sink.bytes, line.len(), max) {
+            sink.stopped_at_cap = true;
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "{} holds {} bytes, at its cap of {max} (--trace-max-bytes): \
+                     move it away or truncate it, then switch the trace on again",
+                    sink.path.display(),
+                    sink.bytes
+                ),
+            ));
         }
+        sink.append(&line)?;
+        sink.stopped_at_cap = false;
         self.on.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -180,9 +249,12 @@ impl Tracer {
             return;
         }
         self.on.store(false, Ordering::Relaxed);
-        if let Some(file) = guard.as_mut().and_then(|s| s.file.as_mut()) {
+        if let Some(sink) = guard.as_mut() {
             let stop = serde_json::json!({"kind": "trace-stop", "t_ns": self.now_ns()});
-            let _ = write_line(file, &stop);
+            // The room below the cap was kept for this line.
+            if let Ok(line) = json_line(&stop) {
+                let _ = sink.append(&line);
+            }
         }
     }
 
@@ -193,6 +265,9 @@ impl Tracer {
             on: self.on(),
             path: guard.as_ref().map(|s| s.path.clone()),
             events: self.events.load(Ordering::Relaxed),
+            bytes: guard.as_ref().map_or(0, |s| s.bytes),
+            max_bytes: self.max_bytes.load(Ordering::Relaxed),
+            stopped_at_cap: guard.as_ref().is_some_and(|s| s.stopped_at_cap),
         }
     }
 
@@ -247,24 +322,68 @@ impl Tracer {
                 event.entry(k).or_insert(v);
             }
         }
+        let Ok(line) = json_line(&Value::Object(event)) else {
+            return;
+        };
         let mut guard = self.sink();
         // Switched off (or reconfigured) while this event was decoded.
         if !self.on() {
             return;
         }
-        if let Some(file) = guard.as_mut().and_then(|s| s.file.as_mut()) {
-            if write_line(file, &Value::Object(event)).is_ok() {
-                self.events.fetch_add(1, Ordering::Relaxed);
+        let Some(sink) = guard.as_mut() else {
+            return;
+        };
+        let max = self.max_bytes.load(Ordering::Relaxed);
+        if !fits(sink.bytes, line.len(), max) {
+            self.on.store(false, Ordering::Relaxed);
+            sink.stopped_at_cap = true;
+            let stop = serde_json::json!({
+                "kind": "trace-stop",
+                "t_ns": self.ns_at(now),
+                "reason": "max-bytes",
+                "max_bytes": max,
+            });
+            if let Ok(line) = json_line(&stop) {
+                let _ = sink.append(&line);
             }
+            return;
+        }
+        if sink.append(&line).is_ok() {
+            self.events.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-/// One JSON line in one write, so a reader never sees half an event.
-fn write_line(file: &mut File, value: &Value) -> io::Result<()> {
+impl Sink {
+    /// Appends one line in one write, so a reader never sees half an
+    /// event, and counts it.
+    fn append(&mut self, line: &str) -> io::Result<()> {
+        let Some(file) = self.file.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "trace file not open",
+            ));
+        };
+        file.write_all(line.as_bytes())?;
+        self.bytes = self.bytes.saturating_add(line.len() as u64);
+        Ok(())
+    }
+}
+
+/// Whether a line of `len` bytes fits in a file holding `bytes` under
+/// `max`, with room left for the closing `trace-stop` line.
+fn fits(bytes: u64, len: usize, max: u64) -> bool {
+    bytes
+        .saturating_add(len as u64)
+        .saturating_add(STOP_LINE_ROOM)
+        <= max
+}
+
+/// `value` as one line of JSON, newline included.
+fn json_line(value: &Value) -> io::Result<String> {
     let mut text = serde_json::to_string(value).map_err(io::Error::other)?;
     text.push('\n');
-    file.write_all(text.as_bytes())
+    Ok(text)
 }
 
 /// `value` as `0x…` for addresses and raw register values in events.
@@ -348,6 +467,87 @@ mod tests {
         assert_eq!(lines[3]["kind"], "trace-stop");
         assert_eq!(tracer.status().events, 2);
         assert!(!tracer.status().on);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Catches a trace file that grows past its cap, a tracer that keeps
+    /// recording (or says it does) once full, a full file that is not
+    /// marked as such, a status that miscounts the bytes, and a full file
+    /// that can be switched on again without being emptied first.
+    #[test]
+    fn a_full_trace_file_stops_at_its_cap() {
+        let path = temp("cap.jsonl");
+        let tracer = Tracer::new();
+        assert_eq!(tracer.status().max_bytes, DEFAULT_MAX_BYTES);
+        assert!(tracer.set_max_bytes(MIN_MAX_BYTES - 1).is_err());
+        let cap = 2048;
+        tracer.set_max_bytes(cap).unwrap();
+        tracer.configure(&path, "nvme0");
+        tracer.enable().unwrap();
+        for i in 0..1000 {
+            tracer.record(
+                "cmd",
+                || json!({"name": "Read", "slba": i, "pad": "x".repeat(40)}),
+            );
+        }
+        let status = tracer.status();
+        assert!(!status.on, "recording stops at the cap");
+        assert!(status.stopped_at_cap);
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len <= cap, "{len} bytes past the cap of {cap}");
+        assert!(len > cap / 2, "{len}: stopped far below the cap");
+        assert_eq!(status.bytes, len);
+        let lines = parse_lines(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let last = lines.last().unwrap();
+        assert_eq!(last["kind"], "trace-stop");
+        assert_eq!(last["reason"], "max-bytes");
+        assert_eq!(last["max_bytes"], cap);
+        assert_eq!(
+            status.events as usize,
+            lines.len() - 2,
+            "header and stop aside"
+        );
+        assert_eq!(status.to_json()["stopped_at_cap"], true);
+        assert_eq!(status.to_json()["max_bytes"], cap);
+
+        // Still full: switching on is refused, naming the cap.
+        let err = tracer.enable().unwrap_err().to_string();
+        assert!(err.contains("2048") && err.contains("truncate"), "{err}");
+        assert!(!tracer.on());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            len,
+            "nothing added"
+        );
+        // Emptied, it records again, counting from the new size.
+        std::fs::write(&path, b"").unwrap();
+        tracer.enable().unwrap();
+        assert!(tracer.on());
+        let status = tracer.status();
+        assert!(!status.stopped_at_cap);
+        assert_eq!(status.bytes, std::fs::metadata(&path).unwrap().len());
+        tracer.disable();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Catches a cap that forgets what the file held before this process
+    /// (a restarted server appends to the same file).
+    #[test]
+    fn the_cap_counts_what_the_file_already_held() {
+        let path = temp("held.jsonl");
+        std::fs::write(&path, vec![b'\n'; 1900]).unwrap();
+        let tracer = Tracer::new();
+        tracer.set_max_bytes(2048).unwrap();
+        tracer.configure(&path, "gpu0");
+        assert!(
+            tracer.enable().is_err(),
+            "no room for the header and its stop line"
+        );
+        assert!(tracer.status().stopped_at_cap);
+        tracer.set_max_bytes(4096).unwrap();
+        tracer.enable().unwrap();
+        assert!(tracer.status().bytes > 1900);
+        tracer.disable();
         std::fs::remove_file(&path).unwrap();
     }
 

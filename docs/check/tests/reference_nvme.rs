@@ -1,6 +1,7 @@
 //! `docs/reference/nvme.md` against p2plab-nvme's own tables, both ways:
-//! the registers (`Reg::ALL`), the admin and I/O command tables, the keys
-//! of stats.json (`StatsSnapshot` and its parts) and the control verbs.
+//! the registers (`Reg::ALL`), the admin and I/O command tables (names and
+//! fault names), the keys of stats.json (`StatsSnapshot` and its parts)
+//! and the control verbs.
 //!
 //! Catches: a register, command or counter added, removed, renamed or
 //! moved in the code but not on the page (or the reverse); a register
@@ -87,6 +88,38 @@ fn commands_match_the_command_tables() {
         PAGE,
         "I/O command",
         &commands(&page, "I/O commands"),
+        &io,
+    ));
+    common::assert_none(problems);
+}
+
+fn fault_names(page: &Page, heading: &str) -> BTreeSet<(u8, String)> {
+    page.rows(heading, &["opcode", "fault name"])
+        .unwrap()
+        .into_iter()
+        .map(|r| (u8::try_from(number(&r[0]).unwrap()).unwrap(), r[1].clone()))
+        .collect()
+}
+
+/// Catches: a command whose name in fault specs (`opcode=`,
+/// `admin-opcode=`, each row's `fault_name`) differs from the one the page
+/// tells users to type.
+#[test]
+fn fault_names_match_the_command_tables() {
+    let page = page();
+    let admin = code_commands(p2plab_nvme::admin_fault_names());
+    let io = code_commands(p2plab_nvme::io_fault_names());
+    assert!(admin.len() >= 10 && io.len() >= 5);
+    let mut problems = differences(
+        PAGE,
+        "admin fault name",
+        &fault_names(&page, "Admin commands"),
+        &admin,
+    );
+    problems.extend(differences(
+        PAGE,
+        "I/O fault name",
+        &fault_names(&page, "I/O commands"),
         &io,
     ));
     common::assert_none(problems);

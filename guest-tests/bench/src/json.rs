@@ -86,6 +86,7 @@ pub fn results(
         "rounds": s.rounds,
         "runtime_s": s.runtime_s,
         "caching": s.caching,
+        "accel": s.accel.name(),
         "ours": {"topology": s.ours_topology, "nvme0_extra_args": s.nvme_extra_args, "run_dirs": measured.ours.run_dirs},
         "anchor": {"topology": s.anchor_topology, "drive": s.anchor_drive, "run_dirs": measured.anchor.run_dirs},
         "copies": {"topology": s.copy_topology, "len": s.copy_len, "nvme_extra_args": s.nvme_extra_args, "run_dirs": measured.copies.run_dirs},
@@ -115,6 +116,7 @@ mod tests {
             date_utc: "20260101-000000".into(),
             rounds: 1,
             runtime_s: 2,
+            accel: p2plab_lab::Accel::Tcg,
             caching: "direct",
             ours_topology: "lab".into(),
             nvme_extra_args: vec!["--caching".into(), "direct".into()],
@@ -153,6 +155,7 @@ mod tests {
             assert_eq!(keys(&doc[section]), keys(&kept[section]), "{section}");
         }
         assert_eq!(keys(&doc["compared"][0]), keys(&kept["compared"][0]));
+        assert_eq!(doc["accel"], "tcg");
         assert_eq!(doc["compared"][0]["ratio"]["samples"], json!([2.0, 4.0]));
         assert_eq!(doc["compared"][0]["p2plab_nvme"]["median"], 3.0);
         assert_eq!(doc["peak_rss_mib"]["ours"]["qemu"]["median"], 1.0);

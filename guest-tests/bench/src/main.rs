@@ -39,9 +39,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use p2plab_lab::accel::{self, AccelRequest, Requested};
 use p2plab_lab::lab::format_utc;
 use p2plab_lab::topology::parse_size;
-use p2plab_lab::{GuestScript, LabOptions, LabPaths};
+use p2plab_lab::{Accel, GuestControl, GuestScript, LabOptions, LabPaths, Timeout};
 
 use crate::jobs::{p2p_labels, selected, Caching, Job, COMPARED, P2P};
 use crate::measure::Side;
@@ -106,6 +107,12 @@ struct Cli {
     /// also gains from bigger frames.
     #[arg(long, default_values_t = [65536u32, 4096], value_parser = clap::value_parser!(u32).range(4096..=1 << 20))]
     rdma_mtu: Vec<u32>,
+    /// Accelerator of every boot: `kvm`, `tcg`, or `auto` (KVM when a probe
+    /// vCPU runs, else TCG). Decided once for the whole run, so both sides
+    /// of every ratio run under the same one. Default: $P2PLAB_ACCEL, else
+    /// auto.
+    #[arg(long, value_name = "auto|kvm|tcg")]
+    accel: Option<AccelRequest>,
     /// Run only these compared jobs (repeatable, e.g. `--only
     /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
     #[arg(long, value_parser = parse_job_name)]
@@ -204,9 +211,25 @@ fn bench_folder(paths: &LabPaths, started: u64) -> Result<PathBuf> {
 fn boot_options(cli: &Cli, topology: &str, script: &GuestScript) -> Result<LabOptions> {
     let mut options = LabOptions::exec(topology, script)?;
     options.stream_output = false;
-    options.timeout = Some(Duration::from_secs(u64::from(cli.runtime) * 20 + 600));
+    options.accel = Some(run_accel(cli)?);
+    options.timeout = Some(Timeout::TcgBudget(Duration::from_secs(
+        u64::from(cli.runtime) * 20 + 600,
+    )));
     options.kernel_log.enforce = false;
     Ok(options)
+}
+
+/// The one accelerator of the run: `--accel`/`P2PLAB_ACCEL` if forced;
+/// else KVM when its probe passes, forced on every boot (a topology whose
+/// vCPU vendor KVM cannot give fails clearly rather than being measured
+/// under TCG beside KVM ones); else auto, which falls back to TCG on every
+/// boot with its reason (the probe's answer holds for the whole process).
+fn run_accel(cli: &Cli) -> Result<AccelRequest> {
+    let requested = Requested::resolve(cli.accel)?;
+    Ok(match requested.request {
+        AccelRequest::Auto if accel::kvm_usable().is_ok() => AccelRequest::Kvm,
+        other => other,
+    })
 }
 
 /// The same extra arguments for each server in `ids`.
@@ -228,6 +251,11 @@ fn nvme_boots(
     let p2p = !cli.no_p2p;
     let mut ours = boot_options(cli, &cli.ours, &guest::nvme_jobs(&jobs, cli.runtime, p2p))?;
     ours.server_args = server_args(&["nvme0"], nvme_args);
+    if p2p {
+        // The CPU marks around the P2P jobs ask the servers from the guest.
+        let servers = jobs::CPU_SERVERS.iter().map(|s| (*s).to_owned()).collect();
+        ours.guest_control = GuestControl::Devices(servers);
+    }
     let anchor = boot_options(
         cli,
         &anchor_topology.to_string_lossy(),
@@ -286,6 +314,10 @@ fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Set
 
     let settings = Settings {
         date_utc: format_utc(started),
+        accel: match run_accel(cli)? {
+            AccelRequest::Kvm => Accel::Kvm,
+            _ => Accel::Tcg,
+        },
         rounds: cli.rounds,
         runtime_s: cli.runtime,
         caching: cli.caching.server_flag(),
@@ -375,8 +407,8 @@ fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Resul
         .with_context(|| format!("writing {}", json_path.display()))?;
 
     let title = format!(
-        "p2plab bench {} UTC, caching={}, {} rounds (bars: median ratio, whiskers: min–max)",
-        settings.date_utc, settings.caching, settings.rounds
+        "p2plab bench {} UTC, {}, caching={}, {} rounds (bars: median ratio, whiskers: min–max)",
+        settings.date_utc, settings.accel, settings.caching, settings.rounds
     );
     let svg_path = folder.join("results.svg");
     let plotted: [(&str, &[Row]); 3] = [

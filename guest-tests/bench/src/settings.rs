@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use p2plab_lab::Accel;
+
 /// The settings of one bench run (from the command line and the anchor
 /// topology the run wrote).
 pub struct Settings {
@@ -10,6 +12,9 @@ pub struct Settings {
     pub date_utc: String,
     pub rounds: u32,
     pub runtime_s: u32,
+    /// The accelerator every boot of the run used (`kvm`, `tcg`): one for
+    /// all, so the sides compare under the same one.
+    pub accel: Accel,
     /// p2plab-nvme's `--caching`.
     pub caching: &'static str,
     pub ours_topology: String,

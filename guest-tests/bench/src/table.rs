@@ -49,8 +49,12 @@ pub fn print(
     peak_rss: &[Row],
 ) {
     println!(
-        "caching={} (anchor {}), {} rounds of {} s; median (min–max)",
-        settings.caching, settings.anchor_drive, settings.rounds, settings.runtime_s
+        "accel={}, caching={} (anchor {}), {} rounds of {} s; median (min–max)",
+        settings.accel,
+        settings.caching,
+        settings.anchor_drive,
+        settings.rounds,
+        settings.runtime_s
     );
     print_section(["workload", "p2plab-nvme", "qemu nvme"], compared);
     print_section(

@@ -105,6 +105,10 @@ p2plab-ctl nvme0 status --json > /run/p2plab/guest-status.json 2>/run/p2plab/gue
 say GUEST_STATUS_STATUS $?
 p2plab-ctl nvme0 inject 'status=0x281,cnt=1' > /run/p2plab/guest-bad.out 2>&1; say GUEST_BAD_SPEC_STATUS $?
 p2plab-ctl nvme0 clear >/dev/null; say GUEST_CLEAR_STATUS $?
+# The guest channel offers no reset (the guest has FLR), and reports the
+# trace file's size against its cap.
+p2plab-ctl nvme0 reset > /run/p2plab/guest-reset.out 2>&1; say GUEST_RESET_STATUS $?
+p2plab-ctl nvme0 trace --json > /run/p2plab/guest-trace.json 2>&1; say GUEST_TRACE_STATUS $?
 
 # --- 6. in band: OCP Error Injection (type 7, NAND corruption) through nvme-cli -----
 # Entries: flags (bit 0 enable, bit 1 single), reserved, type (LE16), NRTDP, zeros.

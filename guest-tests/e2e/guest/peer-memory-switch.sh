@@ -5,6 +5,7 @@
 # `p2plab-gpu-tool p2p-scenario` (tests/rdma.rs, "Peer memory").
 # shellcheck source=SCRIPTDIR/lib/peer-memory.sh
 . /run/p2plab/lib/peer-memory.sh
+modprobe p2plab_p2p_test; echo "MODPROBE_STATUS=$?"
 # The NIC checks rebound the GPU after their tool exited: it is gpu0 again.
 [ -e /sys/class/p2plab-gpu/p2plab-gpu0 ] || { echo "no p2plab-gpu0: $(ls /sys/class/p2plab-gpu)"; exit 1; }
 sys=/sys/class/p2plab-gpu/p2plab-gpu0

@@ -1,6 +1,7 @@
 //! The end-to-end suites of p2plab: each file in `tests/` boots the real
-//! guest under QEMU (TCG) against the device servers and asserts on what
-//! the guest and the servers report. The scripts they run in the guest are
+//! guest under QEMU (KVM when usable, else TCG; `P2PLAB_ACCEL` forces one)
+//! against the device servers and asserts on what the guest and the
+//! servers report. The scripts they run in the guest are
 //! the `.sh` files in `guest/` (libraries they source in `guest/lib/`),
 //! which `scripts/test` lints with shellcheck.
 //!

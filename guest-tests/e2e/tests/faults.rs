@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Timeout};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
 
@@ -104,9 +104,11 @@ fn linux_recovers_from_injected_nvme_faults() {
     let script = GuestScript::new("faults.sh", include_str!("../guest/faults.sh"))
         .var("IO_TIMEOUT_MS", IO_TIMEOUT_MS);
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.state = Some(test_state_dir("faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    // Phase 5 drives nvme0 from the guest.
+    options.guest_control = GuestControl::Devices(vec!["nvme0".to_owned()]);
     // The clean-boot check: exactly the complaints the phases provoke.
     options.kernel_log.expected = vec![
         // The held read and the first timeout of the unabortable one.
@@ -121,7 +123,7 @@ fn linux_recovers_from_injected_nvme_faults() {
     let mut lab = Lab::start(&options).unwrap_or_else(|e| panic!("the lab failed: {e:#}"));
     let ctl = lab.run_dir.join("nvme0.ctl");
     let phase = |lab: &mut Lab, name: &str, specs: &[&str]| -> (Value, Value) {
-        lab.wait_guest_file(&format!("ready-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("ready-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let before = status(&ctl);
         let traced = name == "timeout";
@@ -135,7 +137,7 @@ fn linux_recovers_from_injected_nvme_faults() {
         }
         lab.write_guest_file(&format!("armed-{name}"), "")
             .expect("signalling the guest");
-        lab.wait_guest_file(&format!("done-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("done-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
         if traced {
@@ -476,6 +478,26 @@ fn linux_recovers_from_injected_nvme_faults() {
     let bad = std::fs::read_to_string(run_dir.join("guest/guest-bad.out")).unwrap_or_default();
     assert!(bad.contains("cnt=1"), "the error names the bad item: {bad}");
     assert_eq!(fact("GUEST_CLEAR_STATUS"), "0");
+    // ... but it may not reset the device, and sees the trace's cap.
+    assert_eq!(fact("GUEST_RESET_STATUS"), "1");
+    let refused =
+        std::fs::read_to_string(run_dir.join("guest/guest-reset.out")).unwrap_or_default();
+    assert!(
+        refused.contains("not offered on the guest channel"),
+        "{refused}"
+    );
+    assert_eq!(fact("GUEST_TRACE_STATUS"), "0");
+    let trace_text = std::fs::read_to_string(run_dir.join("guest/guest-trace.json"))
+        .expect("the guest's trace status");
+    let trace: Value =
+        serde_json::from_str(&trace_text).unwrap_or_else(|e| panic!("{e}: {trace_text}"));
+    assert_eq!(trace["on"], false, "{trace}");
+    assert_eq!(trace["max_bytes"], 256u64 << 20, "the default cap: {trace}");
+    assert_eq!(trace["stopped_at_cap"], false, "{trace}");
+    let trace_len = std::fs::metadata(run_dir.join("nvme0.trace.jsonl"))
+        .expect("nvme0's trace file")
+        .len();
+    assert_eq!(trace["bytes"], trace_len, "{trace}");
 
     // 6. In band: nvme-cli's OCP set-error-injection arms NAND corruption.
     let ocp_out =

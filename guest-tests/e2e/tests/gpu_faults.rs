@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Timeout};
 use p2plab_server::control::{request, ControlRequest};
 use serde_json::Value;
 
@@ -79,9 +79,11 @@ fn the_gpu_driver_recovers_from_injected_faults() {
         .var("HANG_TIMEOUT_MS", HANG_TIMEOUT_MS)
         .var("IRQ_TIMEOUT_MS", IRQ_TIMEOUT_MS);
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.state = Some(test_state_dir("gpu-faults"));
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
+    // The guest arms a fault itself (step 5).
+    options.guest_control = GuestControl::Devices(vec!["gpu0".to_owned()]);
     // The clean-boot check: the hang's engine reset, once, and the dropped
     // interrupt's recovery (a ratelimited warning: at most 10 per 5 s).
     options.kernel_log.expected = vec![
@@ -101,13 +103,13 @@ fn the_gpu_driver_recovers_from_injected_faults() {
     assert!(refused.to_string().starts_with("cnt=1:"), "{refused:#}");
 
     let phase = |lab: &mut Lab, name: &str, spec: &str| -> (Value, Value) {
-        lab.wait_guest_file(&format!("ready-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("ready-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let before = status(&ctl);
         inject(&ctl, spec);
         lab.write_guest_file(&format!("armed-{name}"), "")
             .expect("signalling the guest");
-        lab.wait_guest_file(&format!("done-{name}"), PHASE_TIMEOUT)
+        lab.wait_guest_file(&format!("done-{name}"), lab.budget(PHASE_TIMEOUT))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let after = status(&ctl);
         request(&ctl, &ControlRequest::Clear).unwrap_or_else(|e| panic!("clear: {e:#}"));

@@ -42,7 +42,7 @@ use std::time::Duration;
 use common::{test_state_dir, BOOT_TIMEOUT};
 use p2plab_lab::control::unplug;
 use p2plab_lab::qmp::Qmp;
-use p2plab_lab::{GuestScript, Lab, LabOptions, LabPaths};
+use p2plab_lab::{GuestScript, Lab, LabOptions, LabPaths, Timeout};
 use p2plab_qemu_patch::{self as qemu_fix, UnplugFix};
 use serde_json::Value;
 
@@ -79,7 +79,7 @@ fn connect_qmp(lab: &mut Lab) -> Qmp {
 /// has seen the device go (`gone`), then starts a fresh server and plugs
 /// the device again. Returns the server's counters at its exit.
 fn unplug_and_replug(lab: &mut Lab, qmp: &mut Qmp, id: &str, gone: &str) -> Value {
-    let took = unplug(qmp, id, UNPLUG_TIMEOUT)
+    let took = unplug(qmp, id, lab.budget(UNPLUG_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#} (run folder {})", lab.run_dir.display()));
     eprintln!("{id}: DEVICE_DELETED after {took:?}");
     // The server saw QEMU close the connection and exited by itself.
@@ -99,7 +99,7 @@ fn unplug_and_replug(lab: &mut Lab, qmp: &mut Qmp, id: &str, gone: &str) -> Valu
     );
     // The same BDF comes back: re-plugging before the guest looked would
     // hide the removal from it.
-    lab.wait_guest_file(gone, PHASE_TIMEOUT)
+    lab.wait_guest_file(gone, lab.budget(PHASE_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#}"));
     lab.start_server(id)
         .unwrap_or_else(|e| panic!("restarting {id}: {e:#}"));
@@ -113,7 +113,7 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     let state = test_state_dir("hotplug");
     let script = GuestScript::new("hotplug.sh", include_str!("../guest/hotplug.sh"));
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.state = Some(state.clone());
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     let exit_on_disconnect = vec!["--exit-on-disconnect".to_owned()];
@@ -131,7 +131,7 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
     let mut qmp = connect_qmp(&mut lab);
 
     // 1. nvme0, with fio reading.
-    lab.wait_guest_file("nvme-busy", PHASE_TIMEOUT)
+    lab.wait_guest_file("nvme-busy", lab.budget(PHASE_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let busy = lab.server_stats("nvme0").expect("nvme0 stats");
     let nvme_exit = unplug_and_replug(&mut lab, &mut qmp, "nvme0", "nvme-gone");
@@ -154,7 +154,7 @@ fn unplug_and_replug_nvme_under_io_and_gpu() {
         .expect("signalling the guest");
 
     // 2. gpu0, with a guest process touching its mapped p2pmem.
-    lab.wait_guest_file("gpu-mapped", PHASE_TIMEOUT)
+    lab.wait_guest_file("gpu-mapped", lab.budget(PHASE_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let gpu_busy = lab.server_stats("gpu0").expect("gpu0 stats");
     let gpu_exit = unplug_and_replug(&mut lab, &mut qmp, "gpu0", "gpu-gone");

@@ -8,9 +8,12 @@
 //! leaked server or QEMU processes and sockets, a clean-boot check that
 //! does not see the guest's kernel log (a declared `WARNING:` line the
 //! script writes to /dev/kmsg must be counted exactly once)
+//! a guest control channel that is there without being asked for
 //! (`exec_share_append_status_and_clean_up`); bad options that start half
-//! a lab (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
-//! that dies early or that `--stop` cannot end
+//! a lab, a `--guest-control` device the topology lacks
+//! (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
+//! that dies early or that `--stop` cannot end, a guest channel that
+//! reaches a device it was not asked for, or not the one it was
 //! (`keep_leaves_the_lab_up_until_stop`). Device faults are the device
 //! suites' job.
 
@@ -18,8 +21,9 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 
+use p2plab_lab::accel::{self, AccelRequest};
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Mode};
+use p2plab_lab::{Accel, GuestControl, GuestScript, Lab, LabOptions, Mode, Timeout};
 
 #[test]
 fn exec_share_append_status_and_clean_up() {
@@ -31,7 +35,7 @@ fn exec_share_append_status_and_clean_up() {
     let mut options = LabOptions::exec("lab", &script).expect("the guest script");
     options.share = Some(share.clone());
     options.append = vec!["p2plab.test=works".to_owned()];
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("launcher"));
     options.kernel_log.expected = vec![Expected::exactly("WARNING: p2plab launcher test", 1)];
@@ -52,6 +56,17 @@ fn exec_share_append_status_and_clean_up() {
         std::fs::read_to_string(share.join("from-guest.txt")).unwrap(),
         "written in the guest\n"
     );
+    // Not asked for: no control port in the guest, none on QEMU's command
+    // line, no guest socket asked of a server.
+    assert_eq!(facts.get("GUEST_PORTS").map(String::as_str), Some("0"));
+    assert_eq!(facts.get("GUEST_CTL_STATUS").map(String::as_str), Some("1"));
+    let qemu_cmdline = std::fs::read_to_string(outcome.run_dir.join("qemu.cmdline")).unwrap();
+    assert!(!qemu_cmdline.contains("virtserialport"), "{qemu_cmdline}");
+    for id in ["nvme0", "gpu0"] {
+        let cmdline =
+            std::fs::read_to_string(outcome.run_dir.join(format!("{id}.cmdline"))).unwrap();
+        assert!(!cmdline.contains("--guest-control-socket"), "{cmdline}");
+    }
 
     // The run folder keeps the logs, and no socket or process survives.
     let run = &outcome.run_dir;
@@ -64,6 +79,31 @@ fn exec_share_append_status_and_clean_up() {
         "gpu0.log",
     ] {
         assert!(run.join(file).is_file(), "{file} in the run folder");
+    }
+    // QEMU got exactly one accelerator, the one the outcome names, with
+    // the vCPU that goes with it (`lab` has no vendor need).
+    let qemu_words: Vec<String> = std::fs::read_to_string(run.join("qemu.cmdline"))
+        .unwrap()
+        .split_whitespace()
+        .map(|w| w.trim_matches('\'').to_owned())
+        .collect();
+    let after = |flag: &str| -> Vec<&str> {
+        qemu_words
+            .windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    };
+    let want = match outcome.accel {
+        Accel::Kvm => (vec!["kvm"], vec!["host"]),
+        Accel::Tcg => (vec!["tcg,thread=multi"], vec!["max"]),
+    };
+    assert_eq!((after("-accel"), after("-cpu")), want, "{qemu_words:?}");
+    let line = std::fs::read_to_string(run.join("accel.txt")).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    match outcome.accel {
+        Accel::Kvm => assert!(line.starts_with("using KVM"), "{line}"),
+        Accel::Tcg => assert!(line.starts_with("using TCG, not KVM: "), "{line}"),
     }
     for entry in std::fs::read_dir(run).unwrap().flatten() {
         assert!(
@@ -114,12 +154,42 @@ fn bad_options_are_refused_before_anything_starts() {
     options.server_args = vec![("nvme9".into(), vec![])];
     let err = Lab::run(&options).unwrap_err();
     assert!(format!("{err:#}").contains("nvme9"), "{err:#}");
+
+    options.server_args.clear();
+    options.guest_control = GuestControl::Devices(vec!["gpu7".into()]);
+    let err = Lab::run(&options).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--guest-control gpu7"),
+        "{err:#}"
+    );
+
+    // The accelerator is --accel's business, not an extra QEMU argument's.
+    options.guest_control = GuestControl::default();
+    options.qemu_args = vec!["-accel".into(), "kvm".into()];
+    let err = Lab::run(&options).unwrap_err();
+    assert!(format!("{err:#}").contains("--accel kvm|tcg"), "{err:#}");
+
+    // A forced KVM where the probe says it cannot run is an error naming
+    // the flag (on a host whose KVM runs, the run would boot: not here).
+    options.qemu_args.clear();
+    options.accel = Some(AccelRequest::Kvm);
+    if let Err(why) = accel::kvm_usable() {
+        let err = format!("{:#}", Lab::run(&options).unwrap_err());
+        assert!(err.contains("--accel kvm: KVM is not usable here"), "{err}");
+        assert!(err.contains(&why), "{err}");
+    }
 }
 
 #[test]
 fn keep_leaves_the_lab_up_until_stop() {
-    let mut options = LabOptions::new("lab", Mode::Keep(Some("echo KEPT=yes".to_owned())));
-    options.timeout = Some(common::BOOT_TIMEOUT);
+    // The guest's channel to gpu0 only: it reaches gpu0's server and not
+    // nvme0's.
+    let command = "echo KEPT=yes\n\
+                   p2plab-ctl gpu0 status --json >/dev/null; echo GPU0_CTL=$?\n\
+                   p2plab-ctl nvme0 status >/dev/null 2>&1; echo NVME0_CTL=$?";
+    let mut options = LabOptions::new("lab", Mode::Keep(Some(command.to_owned())));
+    options.guest_control = GuestControl::Devices(vec!["gpu0".into()]);
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
     options.stream_output = false;
     options.state = Some(common::test_state_dir("keep"));
     let outcome = Lab::run(&options).expect("the lab comes up");
@@ -131,7 +201,22 @@ fn keep_leaves_the_lab_up_until_stop() {
         Some("yes")
     );
 
+    let facts = common::parse_facts(&outcome.output);
+    assert_eq!(facts.get("GPU0_CTL").map(String::as_str), Some("0"));
+    assert_eq!(facts.get("NVME0_CTL").map(String::as_str), Some("1"));
+
     let run = &outcome.run_dir;
+    let is_socket = |name: &str| {
+        std::fs::symlink_metadata(run.join(name)).is_ok_and(|m| m.file_type().is_socket())
+    };
+    assert!(is_socket("gpu0.guest.ctl"));
+    assert!(!is_socket("nvme0.guest.ctl"));
+    let qemu_cmdline = std::fs::read_to_string(run.join("qemu.cmdline")).unwrap();
+    assert_eq!(
+        qemu_cmdline.matches("virtserialport").count(),
+        1,
+        "{qemu_cmdline}"
+    );
     let pids: Vec<u32> = std::fs::read_to_string(run.join("pids"))
         .expect("pids file")
         .lines()

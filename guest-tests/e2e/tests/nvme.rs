@@ -93,11 +93,11 @@ struct PmrRestart {
 /// unplug nvme0, stop its server, read the PMR file, start a fresh server
 /// and plug nvme0 again.
 fn restart_nvme0_under_the_guest(lab: &mut Lab, pmr_file: &Path, ns_file: &Path) -> PmrRestart {
-    lab.wait_guest_file("pmr-written", PHASE_TIMEOUT)
+    lab.wait_guest_file("pmr-written", lab.budget(PHASE_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let stats_before = lab.server_stats("nvme0").expect("nvme0 stats");
     let mut qmp = lab.qmp().expect("QMP");
-    unplug(&mut qmp, "nvme0", UNPLUG_TIMEOUT)
+    unplug(&mut qmp, "nvme0", lab.budget(UNPLUG_TIMEOUT))
         .unwrap_or_else(|e| panic!("{e:#} (run folder {})", lab.run_dir.display()));
     let status = lab.stop_server("nvme0").expect("stopping nvme0");
     assert!(status.success(), "nvme0 server exit status {status}");

@@ -41,7 +41,7 @@ use common::{
     counter, message_dma_bytes_in, peer_dma_bytes_in, run_guest, stats, test_state_dir, Boot,
 };
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::GuestScript;
+use p2plab_lab::{GuestControl, GuestScript};
 use serde_json::Value;
 
 /// A p2p guest script with the helpers it sources (`guest/lib/p2p.sh`).
@@ -133,6 +133,8 @@ fn nvme_to_gpu_and_gpu_to_nvme_through_the_switch() {
             // reset.
             kernel_log: vec![Expected::exactly("p2plab_gpu*resetting the engine", 1)],
             append: vec!["profile=2".into()],
+            // The guest switches both traces and arms peer-fail itself.
+            guest_control: GuestControl::Devices(vec!["nvme0".into(), "gpu0".into()]),
             ..Boot::default()
         },
     );

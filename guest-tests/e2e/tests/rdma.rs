@@ -5,7 +5,8 @@
 //!
 //! Two boots, each shared with the GPU peer-memory checks that were the
 //! `peermem` suite (after the NIC checks, in their own bash, facts
-//! prefixed `PM_`; see "Peer memory" below).
+//! prefixed `PM_`; see "Peer memory" below) and then with the checks of
+//! NVIDIA's peer-memory API (facts prefixed `NV_`; see "NVIDIA's API").
 //!
 //! `rdma_and_peer_memory_under_one_switch`, one boot of `rdma`:
 //! 1. RAM -> nic0 -> wire -> nic1 -> RAM, 8 MiB in 256 KiB posts, with the
@@ -91,11 +92,53 @@
 //! distance check refuses: dma_map_pages must fail with EINVAL, the
 //! dma-buf attach with EOPNOTSUPP, and dmesg must carry the kernel's
 //! reason for each.
+//!
+//! NVIDIA's API: the `nvidia_p2p_*` calls p2plab_gpu exports with
+//! nv-p2p.h's names, signatures, structures and version numbers, driven by
+//! nv_p2p_test.ko, a module written as a third-party driver for NVIDIA
+//! GPUs is (it includes our nv-p2p.h and links against p2plab_gpu's
+//! Module.symvers), through `nv-p2p-test-tool PEER SIZE ACTION PREFIX`.
+//! It runs last in each boot, on the GPU the peer-memory part rebound.
+//!
+//! In the `rdma` boot (NVMe as the named peer under the switch) it catches:
+//! - a table or mapping a third-party driver would misread: page table
+//!   version 0x00020000 and DMA mapping version 0x00020003 (both
+//!   `*_VERSION_COMPATIBLE`), page size `NVIDIA_P2P_PAGE_SIZE_64KB` in both,
+//!   one entry per 64 KiB of the pinned range (all but the first GPU page
+//!   of an allocation a spacer put past VRAM offset 0, at a 64 KiB-aligned
+//!   user address), physical and DMA addresses at BAR2 + the allocation's
+//!   offset + 64 KiB and contiguous per 64 KiB page, the mapping's
+//!   `pci_dev` the peer, `gpu_uuid` the board's (sysfs `uuid`), flags 0,
+//!   and the GPU's count of bus-address mappings (map type BUS_ADDR) up
+//!   by one per mapping;
+//! - bad arguments let through: a misaligned address or length, length 0,
+//!   no callback, no callback data, a p2p token, RAM, unknown persistent
+//!   flags, a NULL peer all give EINVAL; unmapping for another peer, putting at another
+//!   address or with the other put all give EINVAL and free nothing;
+//!   FORCE_BAR1_MAPPING tables refuse DMA mapping with ENOTSUPP (-524);
+//!   a second unmap and a put of NULL give 0; put_pages releases a mapping
+//!   left behind (the GPU's live pin and mapping counts come back to where
+//!   they were);
+//! - a driver that forgets an importer when the memory goes away, or gets
+//!   NVIDIA's ownership wrong: on FREE, the owner's exit, a function reset
+//!   and unbind the free callback runs exactly once, in process context,
+//!   with the table still whole; free_dma_mapping and free_page_table
+//!   there return 0; afterwards put_pages with the old pointer returns 0;
+//!   `p2p_revocations` counts the callbacks;
+//! - persistent pins that are revoked or leak: after FREE the table is
+//!   intact, no callback ran and the next allocation does not get its VRAM;
+//!   put_pages_persistent returns 0 and the allocation after it does; a
+//!   function reset tears a persistent pin down with one warning in dmesg,
+//!   and unmapping and putting it afterwards still return 0.
+//!
+//! In the `rdma-separate` boot (nic0 on its own root port) pinning works
+//! but nvidia_p2p_dma_map_pages refuses with ENOTSUPP and the kernel's
+//! reason in dmesg.
 
 mod common;
 
 use common::{counter, run_guest, shared_boot_script, stats, Boot, GuestRun};
-use p2plab_lab::GuestScript;
+use p2plab_lab::{GuestControl, GuestScript};
 
 const SIZE: u64 = 8 << 20;
 const POST: u64 = 256 << 10;
@@ -123,6 +166,15 @@ const EINVAL: &str = "-22";
 const EBUSY: &str = "-16";
 const ENODEV: &str = "-19";
 const EOPNOTSUPP: &str = "-95";
+/// The kernel's ENOTSUPP, which NVIDIA's driver returns for unsupported
+/// requests.
+const ENOTSUPP: &str = "-524";
+/// NVIDIA's GPU page.
+const GPU_PAGE: u64 = 64 << 10;
+/// nv-p2p.h's versions and `NVIDIA_P2P_PAGE_SIZE_64KB`.
+const NV_PAGE_TABLE_VERSION: &str = "0x00020000";
+const NV_DMA_MAPPING_VERSION: &str = "0x00020003";
+const NV_PAGE_SIZE_64KB: &str = "1";
 
 /// The peer-memory part of a boot, the script `name` with `text`; `peer`
 /// names the peer device.
@@ -133,6 +185,12 @@ fn peer_memory_script(name: &str, text: &str, peer: &str) -> GuestScript {
             include_str!("../guest/lib/peer-memory.sh"),
         )
         .var("PEER", peer)
+}
+
+/// The NVIDIA-API part of a boot, the script `name` with `text`; `peer`
+/// names the peer device.
+fn nv_p2p_script(name: &str, text: &str, peer: &str) -> GuestScript {
+    peer_memory_script(name, text, peer)
 }
 
 /// The address a fact's allocation starts at in BAR2.
@@ -204,8 +262,18 @@ fn rdma_and_peer_memory_under_one_switch() {
         include_str!("../guest/peer-memory-switch.sh"),
         NVME_PEER,
     );
-    let script = shared_boot_script(&[("", &rdma), ("PM_", &peer_memory)]);
-    let run = run_guest("rdma", &script, Boot::default());
+    let nv = nv_p2p_script(
+        "nv-p2p-switch.sh",
+        include_str!("../guest/nv-p2p-switch.sh"),
+        NVME_PEER,
+    );
+    let script = shared_boot_script(&[("", &rdma), ("PM_", &peer_memory), ("NV_", &nv)]);
+    // The guest arms the corrupted frame on nic0 itself.
+    let boot = Boot {
+        guest_control: GuestControl::Devices(vec!["nic0".into()]),
+        ..Boot::default()
+    };
+    let run = run_guest("rdma", &script, boot);
     run.expect("NIC_DEVICES", "2");
     run.expect("INFO0_LINK_UP", "1");
     run.expect("INFO1_LINK_UP", "1");
@@ -371,6 +439,7 @@ fn rdma_and_peer_memory_under_one_switch() {
     );
 
     check_peer_memory_in_the_switch(&run.part("PM_"));
+    check_nv_api_in_the_switch(&run.part("NV_"));
 }
 
 /// (d) Refusal: nic0 and gpu0 on separate root ports (`rdma-separate`).
@@ -386,7 +455,12 @@ fn gpu_memory_refused_on_separate_root_ports() {
         include_str!("../guest/peer-memory-refused.sh"),
         NIC0_PEER,
     );
-    let script = shared_boot_script(&[("", &refusal), ("PM_", &peer_memory)]);
+    let nv = nv_p2p_script(
+        "nv-p2p-refused.sh",
+        include_str!("../guest/nv-p2p-refused.sh"),
+        NIC0_PEER,
+    );
+    let script = shared_boot_script(&[("", &refusal), ("PM_", &peer_memory), ("NV_", &nv)]);
     let run = run_guest("rdma-separate", &script, Boot::default());
     run.expect("REFUSE_EXIT", "3");
     run.expect("REFUSE_REG_ERRNO", "22");
@@ -402,6 +476,7 @@ fn gpu_memory_refused_on_separate_root_ports() {
     assert_eq!(counter(&nic0, "rx_packets"), (1 << 20) / PAGE, "{nic0}");
 
     check_peer_memory_refused(&run.part("PM_"));
+    check_nv_api_refused(&run.part("NV_"));
 }
 
 /// The peer-memory checks of the `rdma` boot (see the header), NVMe as
@@ -488,4 +563,209 @@ fn check_peer_memory_refused(run: &GuestRun) {
         run.fact_u64("ALL_DMESG") > run.fact_u64("RT_DMESG"),
         "the dma-buf refusal also gives the kernel's reason"
     );
+}
+
+/// A pin through NVIDIA's API: the page table and the DMA mapping as a
+/// third-party driver reads them (see the header).
+fn expect_nv_pinned(run: &GuestRun, prefix: &str) {
+    let fact = |key: &str| format!("{prefix}_{key}");
+    run.expect(&fact("GET_RET"), "0");
+    run.expect(&fact("MAP_RET"), "0");
+    run.expect(&fact("VA_ALIGNED"), "1");
+    run.expect(&fact("VERSION"), NV_PAGE_TABLE_VERSION);
+    run.expect(&fact("PT_COMPATIBLE"), "1");
+    run.expect(&fact("PAGE_SIZE"), NV_PAGE_SIZE_64KB);
+    run.expect(&fact("PT_FLAGS"), "0");
+    let offset = run.fact_u64(&fact("ALLOC_OFFSET"));
+    assert_ne!(offset, 0, "{prefix}: the spacer puts the allocation past 0");
+    assert_eq!(offset % GPU_PAGE, 0, "{prefix}: VRAM in 64 KiB pages");
+    let size = run.fact_u64(&fact("ALLOC_SIZE"));
+    assert_eq!(
+        run.fact_u64(&fact("ENTRIES")),
+        size / GPU_PAGE - 1,
+        "{prefix}: one entry per pinned 64 KiB page"
+    );
+    let sysfs_uuid = run.fact("SYSFS_UUID");
+    assert_eq!(
+        Some(run.fact(&fact("UUID"))),
+        sysfs_uuid.strip_prefix("GPU-"),
+        "{prefix}: the table names the board"
+    );
+    assert!(
+        sysfs_uuid.starts_with("GPU-7032706c-6162-8"),
+        "{sysfs_uuid}: \"p2plab\", version 8"
+    );
+    let want = run.fact_u64("BAR2_START") + offset + GPU_PAGE;
+    assert_eq!(run.fact_u64(&fact("PHYS0")), want, "{prefix} phys");
+    run.expect(&fact("PHYS_CONTIGUOUS"), "1");
+    run.expect(&fact("DMA_VERSION"), NV_DMA_MAPPING_VERSION);
+    run.expect(&fact("DMA_COMPATIBLE"), "1");
+    run.expect(&fact("DMA_PAGE_SIZE"), NV_PAGE_SIZE_64KB);
+    assert_eq!(
+        run.fact_u64(&fact("DMA_ENTRIES")),
+        run.fact_u64(&fact("ENTRIES")),
+        "{prefix}: one address per page"
+    );
+    run.expect(&fact("DMA_PCI_DEV_OK"), "1");
+    // Behind the switch: the BAR's PCI bus address, which on q35 is the
+    // CPU's; the BUS_ADDR count (END_ below) tells the map type.
+    assert_eq!(run.fact_u64(&fact("DMA0")), want, "{prefix} dma");
+    run.expect(&fact("DMA_CONTIGUOUS"), "1");
+}
+
+/// NVIDIA's revocation: the callback ran once, in process context, with
+/// the table whole, its free_* calls returned 0, and a put_pages of the
+/// old pointer afterwards returns 0.
+fn expect_nv_revoked(run: &GuestRun, prefix: &str) {
+    let fact = |key: &str| format!("{prefix}_{key}");
+    run.expect(&fact("STATUS"), "0");
+    expect_nv_pinned(run, prefix);
+    run.expect(&fact("AFTER_CALLBACKS"), "1");
+    run.expect(&fact("AFTER_REVOKED"), "1");
+    run.expect(&fact("AFTER_CALLBACK_IN_TASK"), "1");
+    run.expect(&fact("AFTER_TABLE_OK_IN_CALLBACK"), "1");
+    run.expect(&fact("AFTER_FREE_MAP_RET"), "0");
+    run.expect(&fact("AFTER_FREE_TABLE_RET"), "0");
+    run.expect(&fact("AFTER_TABLE_VALID"), "0");
+    run.expect(&fact("FORGET_CALLBACKS"), "1");
+    run.expect(&fact("FORGET_UNMAP_RET"), "0");
+    run.expect(&fact("FORGET_PUT_RET"), "0");
+}
+
+/// The NVIDIA-API checks of the `rdma` boot (see the header), NVMe as the
+/// named peer under the same switch.
+fn check_nv_api_in_the_switch(run: &GuestRun) {
+    run.expect("MODPROBE_STATUS", "0");
+    run.expect("DEVICES", "1");
+
+    // Round trip: get, map, unmap, put; no callback.
+    run.expect("RT_STATUS", "0");
+    expect_nv_pinned(run, "RT");
+    run.expect("RT_ALLOC_SIZE", &(2u64 << 20).to_string());
+    run.expect("RT_UNPIN_CALLBACKS", "0");
+    run.expect("RT_UNPIN_TABLE_VALID", "1");
+    run.expect("RT_UNPIN_UNMAP_RET", "0");
+    run.expect("RT_UNPIN_PUT_RET", "0");
+
+    // Bad arguments and misuse.
+    run.expect("ARGS_STATUS", "0");
+    run.expect("ARGS_VA_ALIGNED", "1");
+    for key in [
+        "GET_MISALIGNED_VA",
+        "GET_MISALIGNED_LEN",
+        "GET_ZERO_LEN",
+        "GET_NO_CALLBACK",
+        "GET_NO_DATA",
+        "GET_TOKEN",
+        "GET_RAM",
+        "PERSISTENT_MISALIGNED",
+        "PERSISTENT_BAD_FLAGS",
+        "MAP_NULL_PEER",
+        "UNMAP_OTHER_PEER",
+        "PUT_WRONG_VA",
+        "PUT_PERSISTENT_OF_PLAIN",
+        "PUT_PLAIN_OF_PERSISTENT",
+        "PUT_PERSISTENT_FLAGS",
+        "FREE_TABLE_NULL",
+        "FREE_MAP_NULL",
+    ] {
+        run.expect(&format!("ARGS_{key}"), EINVAL);
+    }
+    for key in [
+        "GET_TWICE",
+        "PERSISTENT_OK",
+        "FORCE_BAR1_GET",
+        "FORCE_BAR1_PUT",
+        "MAP_OK",
+        "UNMAP_OK",
+        "UNMAP_AGAIN",
+        "MAP_LEFT",
+        "PUT_NULL",
+        "PUT_WITH_MAP",
+        "PUT_TWICE_RET",
+        "PUT_PERSISTENT_OK",
+    ] {
+        run.expect(&format!("ARGS_{key}"), "0");
+    }
+    run.expect("ARGS_FORCE_BAR1_MAP", ENOTSUPP);
+    // Nothing stays pinned or mapped: put_pages released the mapping left.
+    for counter in ["P2P_PINS", "P2P_MAPS"] {
+        assert_eq!(
+            run.fact_u64(&format!("ARGS_{counter}")),
+            run.fact_u64(&format!("BASE_{counter}")),
+            "{counter} after ARGS"
+        );
+    }
+
+    // Revocation on free, process exit, reset, unbind.
+    for prefix in ["FREE", "EXIT", "RESET", "UNBIND"] {
+        expect_nv_revoked(run, prefix);
+    }
+    run.expect("RESET_NEXT_NOP", "0");
+    run.expect("REBOUND_DRIVER", "p2plab_gpu");
+    run.expect("REBOUND_DEVICES", "1");
+    run.expect("REBOUND_NOP", "0");
+
+    // Persistent pins: FREE leaves them (and their VRAM) alone.
+    run.expect("PFREE_STATUS", "0");
+    expect_nv_pinned(run, "PFREE");
+    run.expect("PFREE_AFTER_CALLBACKS", "0");
+    run.expect("PFREE_AFTER_REVOKED", "0");
+    run.expect("PFREE_AFTER_TABLE_VALID", "1");
+    assert_ne!(
+        run.fact_u64("PFREE_RETAINED_NEXT_OFFSET"),
+        run.fact_u64("PFREE_ALLOC_OFFSET"),
+        "VRAM of a freed allocation with a persistent pin handed out again"
+    );
+    run.expect("PFREE_FORGET_CALLBACKS", "0");
+    run.expect("PFREE_FORGET_UNMAP_RET", "0");
+    run.expect("PFREE_FORGET_PUT_RET", "0");
+    assert_eq!(
+        run.fact_u64("PFREE_RELEASED_NEXT_OFFSET"),
+        run.fact_u64("PFREE_ALLOC_OFFSET"),
+        "put_pages_persistent gives the VRAM back"
+    );
+    // A function reset takes it anyway, with one warning.
+    run.expect("PRESET_STATUS", "0");
+    expect_nv_pinned(run, "PRESET");
+    run.expect("PRESET_AFTER_CALLBACKS", "0");
+    run.expect("PRESET_AFTER_TABLE_VALID", "1");
+    run.expect("PRESET_FORGET_UNMAP_RET", "0");
+    run.expect("PRESET_FORGET_PUT_RET", "0");
+    assert_eq!(
+        run.fact_u64("PRESET_TORN_LINES") - run.fact_u64("BASE_TORN_LINES"),
+        1,
+        "one warning for the torn-down persistent pin"
+    );
+    run.expect("PRESET_NEXT_NOP", "0");
+
+    // The GPU's counters before UNBIND: callbacks of FREE, EXIT, RESET;
+    // every mapping (RT, two in ARGS, FREE, EXIT, PFREE, PRESET, RESET)
+    // with PCI bus addresses; nothing left pinned or mapped.
+    let delta = |counter: &str| {
+        let read = |when: &str| run.fact_u64(&format!("{when}_{counter}")) as i64;
+        read("END") - read("BASE")
+    };
+    assert_eq!(delta("P2P_REVOCATIONS"), 3, "p2p_revocations");
+    assert_eq!(delta("P2P_BUS_ADDR_MAPS"), 8, "map type BUS_ADDR");
+    assert_eq!(delta("P2P_PINS"), 0, "pins leaked");
+    assert_eq!(delta("P2P_MAPS"), 0, "mappings leaked");
+
+    run.expect("RMMOD_STATUS", "0");
+}
+
+/// The NVIDIA-API refusal of the `rdma-separate` boot: nic0 as the named
+/// peer, on another root port than gpu0.
+fn check_nv_api_refused(run: &GuestRun) {
+    run.expect("MODPROBE_STATUS", "0");
+    run.expect("RT_STATUS", "0");
+    run.expect("RT_GET_RET", "0");
+    run.expect("RT_MAP_RET", ENOTSUPP);
+    run.expect("RT_UNPIN_CALLBACKS", "0");
+    run.expect("RT_UNPIN_PUT_RET", "0");
+    assert!(
+        run.fact_u64("RT_DMESG") >= 1,
+        "dmesg gives the kernel's reason"
+    );
+    run.expect("RMMOD_STATUS", "0");
 }

@@ -205,7 +205,8 @@ fn acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge() {
 }
 
 /// `separate-root-ports-zen`: each device on its own root port of the q35
-/// host bridge, `-cpu EPYC` (AuthenticAMD family 0x17 under TCG). The
+/// host bridge, `-cpu EPYC` (AuthenticAMD family 0x17 under TCG; under KVM
+/// only on an AMD Zen host, with `-cpu host`, see `p2plab_lab::accel`). The
 /// kernel finds no common upstream bridge, so the path is through the host
 /// bridge, and `cpu_supports_p2pdma()` accepts AMD family >= 0x17 whatever
 /// the host bridge. Catches: a vCPU model that no longer shows AMD Zen
@@ -221,7 +222,8 @@ fn zen_host_bridge_allows_p2p_between_root_ports() {
     let run = run_guest("separate-root-ports-zen", &script, Boot::default());
     expect_map_type(&run, MAP_THRU_HOST_BRIDGE);
 
-    // What TCG shows the guest: an AMD Zen CPU (family 23 = 0x17).
+    // An AMD Zen CPU: TCG's EPYC (family 23 = 0x17), or under KVM an
+    // AMD Zen host's own (on any other host the lab runs this under TCG).
     run.expect("CPU_VENDOR", "AuthenticAMD");
     assert!(run.fact_u64("CPU_FAMILY") >= 0x17);
     // Separate root ports on bus 0: no common upstream bridge.

@@ -48,7 +48,7 @@ use serde_json::Value;
 use p2plab_lab::control::unplug;
 use p2plab_lab::facts::parse as parse_facts;
 use p2plab_lab::qmp::Qmp;
-use p2plab_lab::{GuestScript, Lab, LabOptions};
+use p2plab_lab::{GuestScript, Lab, LabOptions, Timeout};
 
 /// The device the rounds kill (the lab topology's NVMe controller).
 pub const DEVICE: &str = "nvme0";
@@ -513,7 +513,7 @@ impl Boot<'_> {
         let mut lab_options = LabOptions::exec("lab", &script)?;
         lab_options.state = Some(self.options.state.clone());
         lab_options.share = Some(self.copies.to_path_buf());
-        lab_options.timeout = Some(PHASE_TIMEOUT);
+        lab_options.timeout = Some(Timeout::TcgBudget(PHASE_TIMEOUT));
         lab_options.stream_output = self.options.stream_output;
         let mut lab = Lab::start(&lab_options).context("starting the lab")?;
         let run_dir = lab.run_dir.clone();
@@ -545,7 +545,7 @@ impl Boot<'_> {
         on_round: &mut impl FnMut(&RoundReport),
     ) -> Result<usize> {
         let run_dir = lab.run_dir.clone();
-        let ready = lab.wait_guest_file("ready", PHASE_TIMEOUT)?;
+        let ready = lab.wait_guest_file("ready", lab.budget(PHASE_TIMEOUT))?;
         let facts = parse_facts(&ready);
         for w in before.values() {
             check_verify(&run_dir, &facts, "boot", w)?;
@@ -569,7 +569,8 @@ impl Boot<'_> {
             let r = w.round;
             let what = format!("round {r}");
             slots.insert(w.slot, *w);
-            let flushed = lab.wait_guest_file(&format!("flushed-{r}"), PHASE_TIMEOUT)?;
+            let flushed =
+                lab.wait_guest_file(&format!("flushed-{r}"), lab.budget(PHASE_TIMEOUT))?;
             let facts = parse_facts(&flushed);
             let write = fio_job(&run_dir.join(format!("guest/write-{r}.json")))?;
             ensure!(
@@ -630,7 +631,7 @@ impl Boot<'_> {
             } else {
                 // QEMU does not reconnect to a restarted server: take the
                 // dead device out and plug a fresh one on the same file.
-                match unplug(&mut qmp, DEVICE, UNPLUG_TIMEOUT) {
+                match unplug(&mut qmp, DEVICE, lab.budget(UNPLUG_TIMEOUT)) {
                     Ok(took) => Some(took),
                     Err(e) => {
                         aborted = qemu_aborted(lab)?;
@@ -660,7 +661,8 @@ impl Boot<'_> {
             lab.start_server(DEVICE)?;
             lab.plug(&mut qmp, DEVICE)?;
             lab.write_guest_file(&format!("replugged-{r}"), "")?;
-            let checked = lab.wait_guest_file(&format!("checked-{r}"), PHASE_TIMEOUT)?;
+            let checked =
+                lab.wait_guest_file(&format!("checked-{r}"), lab.budget(PHASE_TIMEOUT))?;
             let facts = parse_facts(&checked);
             ensure!(
                 fact(&facts, "BACK", &what)? == "1",

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
+use crate::accel::{
+    self, Accel, AccelChoice, AccelRequest, HostCpu, Requested, SplitArgs, Timeout,
+};
 use crate::console::{ExecLine, ExecTracker, LogFollower};
 use crate::guest_script::{self, GuestScript};
 use crate::kernel_log::{self, KernelLogCheck};
@@ -63,6 +66,84 @@ pub enum Mode {
     Keep(Option<String>),
 }
 
+/// Which device servers the guest may drive through a control channel of
+/// its own (`run-vm --guest-control`): a virtio-serial port
+/// `p2plab.ctl.<id>` per device, wired by QEMU to that server's guest
+/// control socket (`<id>.guest.ctl`, the server's `--guest-control-socket`),
+/// where the guest may ask for status, inject, clear and trace but not
+/// reset (the server's rules: docs/reference/security.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GuestControl {
+    /// No channel: the guest reaches no server's control socket.
+    #[default]
+    Off,
+    /// Every device server of the topology.
+    All,
+    /// These device ids.
+    Devices(Vec<String>),
+}
+
+impl std::str::FromStr for GuestControl {
+    type Err = String;
+
+    /// `all`, `off`, or device ids separated by commas (`nvme0,gpu0`).
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "all" => return Ok(Self::All),
+            "off" | "none" => return Ok(Self::Off),
+            _ => {}
+        }
+        let ids: Vec<String> = text.split(',').map(str::to_owned).collect();
+        for id in &ids {
+            let plain = !id.is_empty()
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !plain {
+                return Err(format!(
+                    "{text:?}: expected all, off, or device ids like nvme0,gpu0"
+                ));
+            }
+        }
+        Ok(Self::Devices(ids))
+    }
+}
+
+impl GuestControl {
+    /// The device ids of `topology` this selects, in topology order; a
+    /// named id the topology lacks is an error naming the ones it has.
+    pub fn select(&self, topology: &Topology) -> Result<Vec<String>> {
+        let all = topology.servers.iter().map(|s| s.id.clone());
+        match self {
+            Self::Off => Ok(Vec::new()),
+            Self::All => Ok(all.collect()),
+            Self::Devices(ids) => {
+                for id in ids {
+                    if topology.server(id).is_none() {
+                        let known: Vec<String> = all.clone().collect();
+                        bail!(
+                            "--guest-control {id}: topology {} has no device server {id:?} \
+                             (it has {})",
+                            topology.name,
+                            if known.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                    }
+                }
+                Ok(topology
+                    .servers
+                    .iter()
+                    .filter(|s| ids.contains(&s.id))
+                    .map(|s| s.id.clone())
+                    .collect())
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LabOptions {
     /// A topology name in `qemu-configs/` or a path to a topology file.
@@ -74,8 +155,11 @@ pub struct LabOptions {
     pub kernel: Option<PathBuf>,
     /// Extra kernel command-line words.
     pub append: Vec<String>,
-    /// Give up on an exec run after this long.
-    pub timeout: Option<Duration>,
+    /// Give up on an exec run (or, kept without a command, on the boot)
+    /// after this long.
+    pub timeout: Option<Timeout>,
+    /// The accelerator (`--accel`); `None`: `P2PLAB_ACCEL`, else auto.
+    pub accel: Option<AccelRequest>,
     /// Passed to the device servers as `--log-level`.
     pub log_level: Option<String>,
     /// Extra arguments for a server, by device id.
@@ -96,6 +180,9 @@ pub struct LabOptions {
     /// Files the command needs beside it, as (path under `/run/p2plab`,
     /// text), written before QEMU starts (a [`GuestScript`]'s libraries).
     pub guest_files: Vec<(String, String)>,
+    /// The servers the guest may drive itself (`p2plab-ctl ID ...` in the
+    /// guest); none unless asked.
+    pub guest_control: GuestControl,
 }
 
 impl LabOptions {
@@ -107,6 +194,7 @@ impl LabOptions {
             kernel: None,
             append: Vec::new(),
             timeout: None,
+            accel: None,
             log_level: None,
             server_args: Vec::new(),
             every_server_args: Vec::new(),
@@ -116,6 +204,7 @@ impl LabOptions {
             state: None,
             kernel_log: KernelLogCheck::default(),
             guest_files: Vec::new(),
+            guest_control: GuestControl::Off,
         }
     }
 
@@ -139,6 +228,8 @@ pub struct Outcome {
     /// Peak resident memory (VmHWM, bytes) of QEMU and each server, read
     /// just before they were stopped.
     pub peak_rss: Vec<(String, u64)>,
+    /// The accelerator the guest ran under.
+    pub accel: Accel,
 }
 
 /// Set by SIGINT/SIGTERM/SIGHUP; every wait loop checks it.
@@ -276,10 +367,16 @@ pub struct Lab {
     /// The topology as started (placeholders expanded, extra server
     /// arguments added): what `start_server` and `device_json` use again.
     pub topology: Topology,
+    /// The accelerator and vCPU QEMU runs with, and the line that said so.
+    pub accel: AccelChoice,
+    /// The topology's and the run's QEMU arguments without `-accel`/`-cpu`.
+    qemu_args: SplitArgs,
     pub(crate) servers: Vec<LabProcess>,
     pub(crate) qemu: Option<LabProcess>,
     /// Passed to every server start, restarts included.
     log_level: Option<String>,
+    /// The servers whose guest control socket the guest gets a port to.
+    guest_control: Vec<String>,
     lifetime: Lifetime,
     /// Left running on purpose (`--keep`): dropping must not tidy up.
     detached: bool,
@@ -337,6 +434,23 @@ impl Lab {
             server.args.extend(extra.iter().cloned());
         }
         route_servers(&mut topology, options, &run_dir)?;
+        // In the topology as started, so a restarted server opens its
+        // guest socket again (and QEMU reconnects to it).
+        let guest_control = options.guest_control.select(&topology)?;
+        for id in &guest_control {
+            if let Some(server) = topology.server_mut(id) {
+                server.args.push("--guest-control-socket".to_owned());
+                server
+                    .args
+                    .push(guest_control_socket(&run_dir, id).display().to_string());
+            }
+        }
+
+        // Decided before anything starts: a forced KVM that cannot run is
+        // an error with nothing to clean up.
+        let (qemu_args, accel) = choose_accel(&topology, options)?;
+        progress(&accel.line);
+        std::fs::write(run_dir.join("accel.txt"), format!("{}\n", accel.line))?;
 
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
@@ -349,9 +463,12 @@ impl Lab {
             paths,
             run_dir,
             topology,
+            accel,
+            qemu_args,
             servers: Vec::new(),
             qemu: None,
             log_level: options.log_level.clone(),
+            guest_control,
             lifetime,
             detached: false,
         };
@@ -368,6 +485,12 @@ impl Lab {
         }
         lab.start_qemu(options)?;
         Ok(lab)
+    }
+
+    /// A wait on the guest whose TCG budget is `tcg`, under this lab's
+    /// accelerator (see `accel`: TCG keeps it as written).
+    pub fn budget(&self, tcg: Duration) -> Duration {
+        self.accel.accel.scale(tcg)
     }
 
     /// Starts the server of device `id` as the topology says and waits for
@@ -442,7 +565,7 @@ impl Lab {
         }
 
         let mut command = Command::new(self.paths.qemu());
-        command.args(&topology.qemu_args);
+        command.args(self.qemu_args.head(&self.accel));
         command
             .arg("-kernel")
             .arg(&kernel)
@@ -460,8 +583,7 @@ impl Lab {
                 run.join("qmp.sock").display()
             ));
         add_9p_share(&mut command, "p2plab-run", &guest_dir, false);
-        let ids: Vec<&str> = topology.servers.iter().map(|s| s.id.as_str()).collect();
-        add_control_ports(&mut command, run, &ids);
+        command.args(control_port_args(run, &self.guest_control));
         if let Some(share) = &options.share {
             let share = share
                 .canonicalize()
@@ -497,7 +619,7 @@ impl Lab {
                     run.join("monitor.sock").display()
                 ));
         }
-        command.args(&options.qemu_args);
+        command.args(&self.qemu_args.extra);
         std::fs::write(run.join("qemu.cmdline"), shell_words(&command))?;
         let qemu_log = run.join("qemu.log");
         let qemu = if interactive {
@@ -520,6 +642,7 @@ impl Lab {
             status: None,
             output: String::new(),
             peak_rss: Vec::new(),
+            accel: self.accel.accel,
         };
         match &options.mode {
             Mode::Interactive => {
@@ -536,7 +659,8 @@ impl Lab {
                     self.follow_exec(options, &mut outcome, false)?;
                     self.use_exact_output(&mut outcome);
                 } else {
-                    self.wait_for_console_line(crate::console::READY, options.timeout)?;
+                    let timeout = options.timeout.map(|t| t.under(self.accel.accel));
+                    self.wait_for_console_line(crate::console::READY, timeout)?;
                 }
                 self.detach()?;
                 return Ok(outcome);
@@ -567,7 +691,8 @@ impl Lab {
         let console_log = self.run_dir.join("console.log");
         let mut follower = LogFollower::new(&console_log);
         let mut tracker = ExecTracker::default();
-        let deadline = options.timeout.map(|t| Instant::now() + t);
+        let timeout = options.timeout.map(|t| t.under(self.accel.accel));
+        let deadline = timeout.map(|t| Instant::now() + t);
         let stdout = std::io::stdout();
         loop {
             for line in follower.poll_lines() {
@@ -631,8 +756,9 @@ impl Lab {
             if let Some(deadline) = deadline {
                 if Instant::now() > deadline {
                     bail!(
-                        "the guest did not finish within {:?}; console tail:\n{}",
-                        options.timeout.unwrap_or_default(),
+                        "the guest did not finish within {:?} ({}); console tail:\n{}",
+                        timeout.unwrap_or_default(),
+                        self.accel.accel,
                         tail(&console_log, 30)
                     );
                 }
@@ -645,7 +771,8 @@ impl Lab {
     fn wait_for_console_line(&mut self, needle: &str, timeout: Option<Duration>) -> Result<()> {
         let console_log = self.run_dir.join("console.log");
         let mut follower = LogFollower::new(&console_log);
-        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(300));
+        let deadline =
+            Instant::now() + timeout.unwrap_or_else(|| self.budget(Duration::from_secs(300)));
         loop {
             if follower.poll_lines().iter().any(|l| l.contains(needle))
                 || follower.take_partial().contains(needle)
@@ -843,6 +970,32 @@ fn route_servers(topology: &mut Topology, options: &LabOptions, run_dir: &Path) 
     Ok(())
 }
 
+/// Splits the accelerator's arguments out of the topology's and the run's
+/// QEMU arguments and decides the accelerator for this boot (see `accel`).
+fn choose_accel(topology: &Topology, options: &LabOptions) -> Result<(SplitArgs, AccelChoice)> {
+    let split = accel::split_args(&topology.qemu_args, &options.qemu_args)?;
+    let requested = Requested::resolve(options.accel)?;
+    let choice = accel::choose(
+        &requested,
+        &topology.name,
+        split.tcg_cpu.as_deref(),
+        accel::kvm_usable,
+        HostCpu::read,
+    )?;
+    Ok((split, choice))
+}
+
+/// The accelerator a run with `options` would get, without starting
+/// anything (`p2plab-vm --setup-only` reports it).
+pub fn preview_accel(paths: &LabPaths, options: &LabOptions) -> Result<AccelChoice> {
+    let vars = Placeholders {
+        run: paths.runs.join("preview"),
+        state: paths.state.clone(),
+    };
+    let topology = Topology::load(&paths.topology(&options.topology)?, &vars)?;
+    Ok(choose_accel(&topology, options)?.1)
+}
+
 /// Creates a sparse backing file when it is missing; an existing one keeps
 /// its data (boots share state through it).
 fn ensure_disk(path: &Path, size: u64) -> Result<()> {
@@ -869,36 +1022,37 @@ fn remove_sockets(run_dir: &Path) {
     }
 }
 
-/// The guest's way to the servers' control sockets: one virtio-serial port
-/// per server that has one, named `p2plab.ctl.<id>` (the guest's
-/// `p2plab-ctl <id>` finds it), with QEMU as the socket's client. QEMU
-/// reconnects when a server is restarted.
-fn add_control_ports(command: &mut Command, run: &Path, ids: &[&str]) {
-    let sockets: Vec<(&str, PathBuf)> = ids
-        .iter()
-        .map(|id| (*id, run.join(format!("{id}.ctl"))))
-        .filter(|(_, path)| {
-            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-        })
-        .collect();
-    if sockets.is_empty() {
-        return;
+/// The guest control socket of device `id` in the run folder.
+fn guest_control_socket(run: &Path, id: &str) -> PathBuf {
+    run.join(format!("{id}.guest.ctl"))
+}
+
+/// QEMU arguments for the guest's own control channel: one virtio-serial
+/// port per server in `ids` (those `--guest-control` selected), named
+/// `p2plab.ctl.<id>` (the guest's `p2plab-ctl <id>` finds it), with QEMU
+/// as the client of that server's guest control socket. QEMU reconnects
+/// when a server is restarted. No ids, no arguments: the guest reaches
+/// no control socket.
+fn control_port_args(run: &Path, ids: &[String]) -> Vec<String> {
+    if ids.is_empty() {
+        return Vec::new();
     }
-    command
-        .arg("-device")
-        .arg("virtio-serial-pci,id=p2plab-ctl");
-    for (id, path) in sockets {
-        command
-            .arg("-chardev")
-            .arg(format!(
-                "socket,id=ctl-{id},path={},reconnect-ms=1000",
-                path.display()
-            ))
-            .arg("-device")
-            .arg(format!(
-                "virtserialport,bus=p2plab-ctl.0,chardev=ctl-{id},name=p2plab.ctl.{id}"
-            ));
+    let mut args = vec![
+        "-device".to_owned(),
+        "virtio-serial-pci,id=p2plab-ctl".to_owned(),
+    ];
+    for id in ids {
+        args.push("-chardev".to_owned());
+        args.push(format!(
+            "socket,id=ctl-{id},path={},reconnect-ms=1000",
+            guest_control_socket(run, id).display()
+        ));
+        args.push("-device".to_owned());
+        args.push(format!(
+            "virtserialport,bus=p2plab-ctl.0,chardev=ctl-{id},name=p2plab.ctl.{id}"
+        ));
     }
+    args
 }
 
 fn add_9p_share(command: &mut Command, tag: &str, dir: &Path, readonly: bool) {
@@ -950,6 +1104,72 @@ fn shell_words(command: &Command) -> String {
 mod tests {
     use super::*;
 
+    fn topology(ids: &[&str]) -> Topology {
+        Topology {
+            name: "t".to_owned(),
+            qemu_args: Vec::new(),
+            servers: ids
+                .iter()
+                .map(|id| crate::topology::ServerSpec {
+                    id: (*id).to_owned(),
+                    binary: "p2plab-nvme".to_owned(),
+                    args: Vec::new(),
+                })
+                .collect(),
+            disks: Vec::new(),
+        }
+    }
+
+    /// Catches a guest control channel that is on without being asked
+    /// for, a selection that reaches other devices than named, or a
+    /// device name the topology lacks taken silently.
+    #[test]
+    fn the_guest_control_channel_is_off_unless_asked() {
+        let t = topology(&["nvme0", "gpu0", "nic0"]);
+        let run = Path::new("/r");
+        assert_eq!(
+            LabOptions::new("lab", Mode::Interactive).guest_control,
+            GuestControl::Off
+        );
+        assert!(GuestControl::Off.select(&t).unwrap().is_empty());
+        assert!(
+            control_port_args(run, &[]).is_empty(),
+            "no port, no virtio-serial device"
+        );
+
+        let all: GuestControl = "all".parse().unwrap();
+        assert_eq!(all.select(&t).unwrap(), ["nvme0", "gpu0", "nic0"]);
+        let some: GuestControl = "nic0,nvme0".parse().unwrap();
+        let ids = some.select(&t).unwrap();
+        assert_eq!(ids, ["nvme0", "nic0"]);
+        let args = control_port_args(run, &ids);
+        let chardevs: Vec<&String> = args.iter().filter(|a| a.starts_with("socket,")).collect();
+        assert_eq!(
+            chardevs,
+            [
+                "socket,id=ctl-nvme0,path=/r/nvme0.guest.ctl,reconnect-ms=1000",
+                "socket,id=ctl-nic0,path=/r/nic0.guest.ctl,reconnect-ms=1000"
+            ]
+        );
+        assert!(args.iter().any(|a| a.ends_with("name=p2plab.ctl.nic0")));
+        assert!(!args.iter().any(|a| a.contains("gpu0")));
+
+        let err = "gpu1"
+            .parse::<GuestControl>()
+            .unwrap()
+            .select(&t)
+            .unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("\"gpu1\"") && err.contains("nvme0, gpu0, nic0"),
+            "{err}"
+        );
+        for bad in ["", "nvme0,", "a b", "../x"] {
+            assert!(bad.parse::<GuestControl>().is_err(), "{bad:?}");
+        }
+        assert_eq!("off".parse::<GuestControl>().unwrap(), GuestControl::Off);
+    }
+
     #[test]
     fn utc_formatting() {
         assert_eq!(format_utc(0), "19700101-000000");
@@ -974,6 +1194,101 @@ mod tests {
             assert!(write_guest_files(&dir, &files).is_err(), "{bad:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The shipped topologies, their TCG `-cpu`, and what KVM on an Intel
+    /// and on an AMD Zen host gives each (the table in the book's
+    /// reference, "Accelerators").
+    const VCPU_TABLE: &[(&str, &str, Accel, Accel)] = &[
+        ("anchor-qemu-nvme", "max", Accel::Kvm, Accel::Kvm),
+        ("lab", "max", Accel::Kvm, Accel::Kvm),
+        ("lab-pmr", "max", Accel::Kvm, Accel::Kvm),
+        ("rdma", "max", Accel::Kvm, Accel::Kvm),
+        ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
+        (
+            "rdma-separate",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        (
+            "same-switch-acs",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        (
+            "separate-root-ports",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        ("viommu", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
+        ("separate-root-ports-zen", "EPYC", Accel::Tcg, Accel::Kvm),
+    ];
+
+    /// Catches: a shipped topology whose QEMU command line gets no
+    /// `-accel`, two of them, the wrong `-cpu` for its accelerator (KVM:
+    /// `host`; TCG: the topology's own), a vendor-dependent topology run
+    /// under KVM on a host of the other vendor, or a new topology missing
+    /// from the documented table.
+    #[test]
+    fn every_shipped_topology_gets_its_accelerator_and_vcpu() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../qemu-configs");
+        let vars = Placeholders {
+            run: PathBuf::from("/r"),
+            state: PathBuf::from("/s"),
+        };
+        let mut shipped: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let path = e.unwrap().path();
+                let is_args = path.extension().is_some_and(|x| x == "args");
+                is_args.then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+            })
+            .collect();
+        shipped.sort();
+        let mut listed: Vec<String> = VCPU_TABLE.iter().map(|r| r.0.to_owned()).collect();
+        listed.sort();
+        assert_eq!(shipped, listed, "qemu-configs/ and the -cpu table differ");
+
+        let host = |vendor: &str, family| HostCpu {
+            vendor: vendor.to_owned(),
+            family,
+        };
+        let count = |args: &[String], word: &str| args.iter().filter(|a| *a == word).count();
+        let value = |args: &[String], word: &str| {
+            let at = args.iter().position(|a| a == word).unwrap();
+            args[at + 1].clone()
+        };
+        for &(name, tcg_cpu, on_intel, on_zen) in VCPU_TABLE {
+            let topology = Topology::load(&dir.join(format!("{name}.args")), &vars).unwrap();
+            let options = LabOptions::new(name, Mode::Interactive);
+            let split = accel::split_args(&topology.qemu_args, &options.qemu_args).unwrap();
+            assert_eq!(split.tcg_cpu.as_deref(), Some(tcg_cpu), "{name}");
+            let auto = Requested::flag(AccelRequest::Auto);
+            for (host, want) in [
+                (host("GenuineIntel", 6), on_intel),
+                (host("AuthenticAMD", 0x19), on_zen),
+            ] {
+                let cases = [(Ok(()), want), (Err("broken".to_owned()), Accel::Tcg)];
+                for (probe, want) in cases {
+                    let choice =
+                        accel::choose(&auto, name, Some(tcg_cpu), || probe, || Ok(host.clone()))
+                            .unwrap();
+                    let args = split.head(&choice);
+                    assert_eq!(choice.accel, want, "{name} on {host}");
+                    assert_eq!(count(&args, "-accel"), 1, "{name}: {args:?}");
+                    assert_eq!(count(&args, "-cpu"), 1, "{name}: {args:?}");
+                    let (accel_arg, cpu) = match want {
+                        Accel::Kvm => ("kvm", "host"),
+                        Accel::Tcg => ("tcg,thread=multi", tcg_cpu),
+                    };
+                    assert_eq!(value(&args, "-accel"), accel_arg, "{name} on {host}");
+                    assert_eq!(value(&args, "-cpu"), cpu, "{name} on {host}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `p2plab-vm` CLI (behind `scripts/run-vm`), the end-to-end suites, the
 //! kill campaign and the bench.
 
+pub mod accel;
 pub mod attach;
 pub mod console;
 pub mod control;
@@ -17,6 +18,7 @@ pub mod routing;
 pub mod setup;
 pub mod topology;
 
+pub use accel::{Accel, Timeout};
 pub use guest_script::GuestScript;
-pub use lab::{Lab, LabOptions, Mode, Outcome};
+pub use lab::{GuestControl, Lab, LabOptions, Mode, Outcome};
 pub use paths::LabPaths;

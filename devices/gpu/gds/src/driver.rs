@@ -14,9 +14,10 @@ use crate::exec;
 use crate::file::FileHandle;
 use crate::gpu::{list_gpus, GpuDevice};
 use crate::plan::{plan, BufferFacts, Request, Verdict};
+use crate::platform::{Kernel, Platform};
 use crate::report::{IoReport, Reason};
 use crate::topology::{pci_device_chain, PciChain, Relation};
-use crate::vram::{locate, VramMapping};
+use crate::vram::{locate_with, VramLocation, VramMapping};
 
 /// Environment variable: `1` forces compat mode for every transfer
 /// (like cuFile's `force_compat_mode`).
@@ -34,6 +35,7 @@ pub struct RouteInfo {
 #[derive(Debug)]
 pub struct Driver {
     sysfs: PathBuf,
+    platform: Arc<dyn Platform>,
     force_compat: AtomicBool,
     gpus: Mutex<HashMap<String, Arc<GpuDevice>>>,
     refusals: Mutex<HashMap<(u64, String), Refusal>>,
@@ -56,8 +58,15 @@ impl Driver {
     }
 
     pub fn with_sysfs(sysfs: impl Into<PathBuf>) -> Driver {
+        Self::with_platform(sysfs, Arc::new(Kernel))
+    }
+
+    /// A driver that reads `sysfs` and asks `platform` what it would ask
+    /// the kernel (a test GPU's, in tests).
+    pub fn with_platform(sysfs: impl Into<PathBuf>, platform: Arc<dyn Platform>) -> Driver {
         Driver {
             sysfs: sysfs.into(),
+            platform,
             force_compat: AtomicBool::new(false),
             gpus: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
@@ -113,7 +122,9 @@ impl Driver {
         if let Some(gpu) = gpus.get(bdf) {
             return Ok(gpu.clone());
         }
-        let gpu = Arc::new(GpuDevice::open(&self.sysfs, bdf)?);
+        let gpu = Arc::new(GpuDevice::open_with(&self.sysfs, bdf, &|path| {
+            self.platform.open_gpu_node(path)
+        })?);
         gpus.insert(bdf.to_owned(), gpu.clone());
         Ok(gpu)
     }
@@ -141,7 +152,7 @@ impl Driver {
     pub fn register_mapping(&self, mapping: Arc<VramMapping>) -> Result<GpuBuffer> {
         let addr = mapping.as_ptr() as u64;
         let len = mapping.len() as u64;
-        let location = locate(&self.sysfs, addr, len)?;
+        let location = self.locate(addr, len)?;
         let gpu = self.gpu(&location.bdf)?;
         Ok(GpuBuffer::new(addr, len, location, gpu, Some(mapping)))
     }
@@ -158,9 +169,16 @@ impl Driver {
             return Err(GdsError::invalid("null buffer or zero size"));
         }
         let addr = addr as u64;
-        let location = locate(&self.sysfs, addr, len)?;
+        let location = self.locate(addr, len)?;
         let gpu = self.gpu(&location.bdf)?;
         Ok(GpuBuffer::new(addr, len, location, gpu, None))
+    }
+
+    /// Where `[addr, addr + len)` is in VRAM.
+    fn locate(&self, addr: u64, len: u64) -> Result<VramLocation> {
+        locate_with(&self.sysfs, addr, len, &|addr, len| {
+            self.platform.physical_address(addr, len)
+        })
     }
 
     /// What is known about P2P between `file` and the GPU `gpu_bdf`.

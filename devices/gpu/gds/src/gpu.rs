@@ -15,7 +15,7 @@ pub const DRIVER_NAME: &str = "p2plab_gpu";
 
 /// `struct p2plab_gpu_info` (96 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct GpuInfo {
     pub version: u32,
     pub vendor_id: u16,
@@ -36,17 +36,17 @@ pub struct GpuInfo {
 /// `struct p2plab_gpu_job` (56 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct GpuJob {
-    op: u32,
-    flags: u32,
-    src: u64,
-    dst: u64,
-    len: u64,
-    pattern: u32,
-    timeout_ms: u32,
-    fence: u64,
-    status: u32,
-    result: u32,
+pub struct GpuJob {
+    pub op: u32,
+    pub flags: u32,
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+    pub pattern: u32,
+    pub timeout_ms: u32,
+    pub fence: u64,
+    pub status: u32,
+    pub result: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<GpuInfo>() == 96);
@@ -61,10 +61,11 @@ const IOC_INFO: u64 = ioc(2, 0, std::mem::size_of::<GpuInfo>());
 /// `_IOWR(0xb7, 1, struct p2plab_gpu_job)`
 const IOC_SUBMIT: u64 = ioc(3, 1, std::mem::size_of::<GpuJob>());
 
-const OP_COPY_TO_VRAM: u32 = 1;
-const OP_COPY_FROM_VRAM: u32 = 2;
-const OP_FILL: u32 = 4;
-const OP_CHECKSUM: u32 = 5;
+/// Job operations (`P2PLAB_GPU_OP_*`).
+pub const OP_COPY_TO_VRAM: u32 = 1;
+pub const OP_COPY_FROM_VRAM: u32 = 2;
+pub const OP_FILL: u32 = 4;
+pub const OP_CHECKSUM: u32 = 5;
 
 /// `P2PLAB_GPU_INFO_P2PMEM`: BAR2 is published as p2pmem.
 pub const INFO_P2PMEM: u32 = 1;
@@ -76,10 +77,75 @@ impl GpuInfo {
     }
 }
 
-/// An open `/dev/p2plab-gpuN`.
+/// An open GPU device node: the p2plab_gpu driver's two ioctls. The
+/// kernel's `/dev/p2plab-gpuN` is [`DevNode`]; a test GPU can stand in
+/// for it (see [`crate::platform::Platform`]).
+pub trait GpuNode: Send + Sync + std::fmt::Debug {
+    /// `P2PLAB_GPU_IOC_INFO`: fills `info`.
+    fn info(&self, info: &mut GpuInfo) -> std::io::Result<()>;
+    /// `P2PLAB_GPU_IOC_SUBMIT`: runs `job`, writes back its status and
+    /// result; EIO when the engine failed it. A copy's host side
+    /// (`src` of COPY_TO_VRAM, `dst` of COPY_FROM_VRAM) points to `len`
+    /// bytes of the caller's memory.
+    fn submit(&self, job: &mut GpuJob) -> std::io::Result<()>;
+}
+
+/// `/dev/p2plab-gpuN` of the p2plab_gpu guest driver.
+#[derive(Debug)]
+pub struct DevNode(File);
+
+impl DevNode {
+    pub fn open(path: &str) -> std::io::Result<DevNode> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map(DevNode)
+    }
+}
+
+impl GpuNode for DevNode {
+    fn info(&self, info: &mut GpuInfo) -> std::io::Result<()> {
+        // SAFETY: INFO writes exactly one struct p2plab_gpu_info, which
+        // `info` is (size checked at compile time), into memory we own.
+        let rc = unsafe {
+            libc::ioctl(
+                self.0.as_raw_fd(),
+                IOC_INFO as libc::Ioctl,
+                info as *mut GpuInfo,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn submit(&self, job: &mut GpuJob) -> std::io::Result<()> {
+        // SAFETY: SUBMIT reads and writes one struct p2plab_gpu_job that
+        // we own. For COPY_TO/FROM_VRAM, src/dst is a user pointer the
+        // caller took from a live slice of job.len bytes (see
+        // GpuDevice::copy_*); the driver copies through it with
+        // copy_{from,to}_user, which validates it.
+        let rc = unsafe {
+            libc::ioctl(
+                self.0.as_raw_fd(),
+                IOC_SUBMIT as libc::Ioctl,
+                job as *mut GpuJob,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// An open GPU: its device node and what INFO said about it.
 #[derive(Debug)]
 pub struct GpuDevice {
-    file: File,
+    dev: Box<dyn GpuNode>,
     pub bdf: String,
     pub node: String,
     pub vram_size: u64,
@@ -89,6 +155,18 @@ pub struct GpuDevice {
 impl GpuDevice {
     /// Opens the device node of the p2plab GPU at `bdf`.
     pub fn open(sysfs: &Path, bdf: &str) -> Result<GpuDevice> {
+        Self::open_with(sysfs, bdf, &|path| {
+            Ok(Box::new(DevNode::open(path)?) as Box<dyn GpuNode>)
+        })
+    }
+
+    /// Like [`open`](Self::open), with `open_node` opening the device node
+    /// (`/dev/p2plab-gpuN`) that sysfs names.
+    pub fn open_with(
+        sysfs: &Path,
+        bdf: &str,
+        open_node: &dyn Fn(&str) -> std::io::Result<Box<dyn GpuNode>>,
+    ) -> Result<GpuDevice> {
         let class_dir = sysfs.join("bus/pci/devices").join(bdf).join("p2plab-gpu");
         let node = std::fs::read_dir(&class_dir)
             .map_err(|e| {
@@ -107,14 +185,10 @@ impl GpuDevice {
                 )
             })?;
         let path = format!("/dev/{node}");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| GdsError::sys(&e, format!("opening {path}")))?;
+        let node_dev =
+            open_node(&path).map_err(|e| GdsError::sys(&e, format!("opening {path}")))?;
         let mut dev = GpuDevice {
-            file,
+            dev: node_dev,
             bdf: bdf.to_owned(),
             node: path,
             vram_size: 0,
@@ -133,56 +207,17 @@ impl GpuDevice {
     }
 
     pub fn info(&self) -> Result<GpuInfo> {
-        let mut info = GpuInfo {
-            version: 0,
-            vendor_id: 0,
-            device_id: 0,
-            vram_size: 0,
-            vram_bus_addr: 0,
-            ring_entries: 0,
-            status: 0,
-            completed_fence: 0,
-            submitted_fence: 0,
-            jobs_completed: 0,
-            jobs_failed: 0,
-            engine_error: 0,
-            flags: 0,
-            pci_name: [0; 32],
-        };
-        // SAFETY: INFO writes exactly one struct p2plab_gpu_info, which
-        // `info` is (size checked at compile time), into memory we own.
-        let rc = unsafe {
-            libc::ioctl(
-                self.file.as_raw_fd(),
-                IOC_INFO as libc::Ioctl,
-                &mut info as *mut GpuInfo,
-            )
-        };
-        if rc != 0 {
-            return Err(GdsError::sys(
-                &std::io::Error::last_os_error(),
-                format!("{} INFO", self.node),
-            ));
-        }
+        let mut info = GpuInfo::default();
+        self.dev
+            .info(&mut info)
+            .map_err(|e| GdsError::sys(&e, format!("{} INFO", self.node)))?;
         Ok(info)
     }
 
     fn submit(&self, mut job: GpuJob, what: &str) -> Result<GpuJob> {
-        // SAFETY: SUBMIT reads and writes one struct p2plab_gpu_job that we
-        // own. For COPY_TO/FROM_VRAM, src/dst is a user pointer the caller
-        // took from a live slice of job.len bytes (see copy_*); the driver
-        // copies through it with copy_{from,to}_user, which validates it.
-        let rc = unsafe {
-            libc::ioctl(
-                self.file.as_raw_fd(),
-                IOC_SUBMIT as libc::Ioctl,
-                &mut job as *mut GpuJob,
-            )
-        };
-        if rc == 0 {
+        let Err(err) = self.dev.submit(&mut job) else {
             return Ok(job);
-        }
-        let err = std::io::Error::last_os_error();
+        };
         if err.raw_os_error() == Some(libc::EIO) {
             return Err(GdsError::new(
                 ErrorCode::GpuEngineError,
@@ -305,20 +340,8 @@ mod tests {
         let mut name = [0u8; 32];
         name[..12].copy_from_slice(b"0000:04:00.0");
         let info = GpuInfo {
-            version: 0,
-            vendor_id: 0,
-            device_id: 0,
-            vram_size: 0,
-            vram_bus_addr: 0,
-            ring_entries: 0,
-            status: 0,
-            completed_fence: 0,
-            submitted_fence: 0,
-            jobs_completed: 0,
-            jobs_failed: 0,
-            engine_error: 0,
-            flags: 0,
             pci_name: name,
+            ..GpuInfo::default()
         };
         assert_eq!(info.pci_name(), "0000:04:00.0");
     }

@@ -24,7 +24,10 @@ pub mod ffi;
 pub mod file;
 pub mod gpu;
 pub mod plan;
+pub mod platform;
 pub mod report;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod topology;
 pub mod vram;
 

@@ -232,6 +232,17 @@ pub fn pagemap_pfn(entry: u64) -> Option<u64> {
 /// Finds `[addr, addr + len)` in VRAM: it must lie inside one mapping of
 /// p2pmem of a p2plab GPU or of /dev/p2plab-gpuN.
 pub fn locate(sysfs: &Path, addr: u64, len: u64) -> Result<VramLocation> {
+    locate_with(sysfs, addr, len, &physical_contiguous)
+}
+
+/// Like [`locate`], with `physical` finding the physical address of a
+/// p2pmem range (the kernel's is [`physical_contiguous`]).
+pub fn locate_with(
+    sysfs: &Path,
+    addr: u64,
+    len: u64,
+    physical: &dyn Fn(u64, u64) -> Result<u64>,
+) -> Result<VramLocation> {
     let end = addr
         .checked_add(len)
         .ok_or_else(|| GdsError::invalid("buffer range wraps"))?;
@@ -257,7 +268,7 @@ pub fn locate(sysfs: &Path, addr: u64, len: u64) -> Result<VramLocation> {
                 format!("the buffer is p2pmem of {bdf}, which is not a p2plab GPU"),
             ));
         }
-        let phys = physical_contiguous(addr, len)?;
+        let phys = physical(addr, len)?;
         let (bar_start, bar_end) = bar_range(sysfs, bdf, VRAM_BAR).ok_or_else(|| {
             GdsError::new(ErrorCode::DeviceNotFound, format!("{bdf} has no BAR2"))
         })?;
@@ -305,8 +316,9 @@ pub fn locate(sysfs: &Path, addr: u64, len: u64) -> Result<VramLocation> {
 }
 
 /// Physical address of `addr`, checking `[addr, addr + len)` is present
-/// and physically contiguous (p2pmem allocations are).
-fn physical_contiguous(addr: u64, len: u64) -> Result<u64> {
+/// and physically contiguous (p2pmem allocations are), from
+/// /proc/self/pagemap.
+pub fn physical_contiguous(addr: u64, len: u64) -> Result<u64> {
     let page = page_size();
     let first = addr / page;
     let last = (addr + len.max(1) - 1) / page;

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use p2plab_dma::{DmaFault, DmaFaultKind, GuestMemory};
-use p2plab_fault::GpuDecision;
 use p2plab_kit::{BoundMemory, Epoch};
 
 use crate::command::{Command, CommandFlags, Completion, COMMAND_SIZE};
@@ -22,12 +21,6 @@ use crate::stats::Stats;
 use crate::status::StatusCode;
 
 use opcodes::{CommandResult, OpcodeSpec, Operand};
-
-/// The status an injected `job-error=CODE` retires with; the code was
-/// checked when the spec was armed ([`crate::Gpu::inject`]).
-fn injected_status(code: u8) -> Option<StatusCode> {
-    StatusCode::from_code(code.into()).filter(|s| s.is_command_error())
-}
 
 /// What a command came to.
 pub(crate) enum Outcome {
@@ -199,21 +192,18 @@ impl Engine {
         };
         let cmd = Command::decode(&raw);
         let spec = opcodes::lookup(cmd.opcode);
-        let decision = {
-            let mut faults = self.device.faults();
-            if faults.is_idle() {
-                GpuDecision::default()
-            } else {
-                faults.decide(cmd.opcode)
-            }
-        };
+        let decision = self
+            .device
+            .faults
+            .when_armed(|faults| faults.decide(cmd.opcode))
+            .unwrap_or_default();
         if decision.fired > 0 {
             self.device.trace.record("fault", || {
                 serde_json::json!({
                     "name": opcodes::name_of(cmd.opcode),
                     "opcode": p2plab_trace::hex(cmd.opcode.into()),
                     "fence": cmd.fence,
-                    "error": decision.error,
+                    "error": decision.error.map(StatusCode::code),
                     "hang": decision.hang,
                     "drop_interrupt": decision.drop_interrupt,
                     "fired": decision.fired,
@@ -224,7 +214,7 @@ impl Engine {
         let injected = decision.fired > 0;
         let outcome = if decision.hang {
             self.hang(&cmd)
-        } else if let Some(status) = decision.error.and_then(injected_status) {
+        } else if let Some(status) = decision.error {
             Stats::add(&self.device.stats.injected_job_errors, 1);
             tracing::warn!(
                 op = opcodes::name_of(cmd.opcode),
@@ -311,13 +301,10 @@ impl Engine {
         if spec.src != Operand::VramOffset {
             return None;
         }
-        let bad = {
-            let mut faults = self.device.faults();
-            if faults.is_idle() {
-                return None;
-            }
-            faults.vram_error(cmd.src, cmd.len)?
-        };
+        let bad = self
+            .device
+            .faults
+            .when_armed(|faults| faults.vram_error(cmd.src, cmd.len))??;
         Stats::add(&self.device.stats.vram_errors, 1);
         let mut regs = self.device.lock();
         regs.vram_err_count = regs.vram_err_count.wrapping_add(1);

@@ -5,9 +5,16 @@
 //!
 //! Adding an opcode: one row in the `opcode_table!` invocation below plus
 //! its handler in `handlers.rs` (see README.md, "How to add a ring
-//! opcode").
+//! opcode"). Fault specs can target it at once (`opcode=NAME`, the row's
+//! name in lower case with `-` for `_`): the `opcode=` filter's text form
+//! is here, reading the table.
+
+use std::fmt;
+
+use p2plab_fault::{opcode_text, parse_opcode, spec_name, Filter, Item, OpcodeNames, SpecError};
 
 use crate::command::Command;
+use crate::fault::GpuFilter;
 use crate::status::StatusCode;
 use crate::vram::Vram;
 
@@ -155,6 +162,45 @@ pub fn lookup(opcode: u8) -> Option<&'static OpcodeSpec> {
 /// The opcode's name for logs ("invalid" if no row has it).
 pub fn name_of(opcode: u8) -> &'static str {
     lookup(opcode).map_or("invalid", |spec| spec.name)
+}
+
+/// The opcode table as fault specs name its rows: `opcode=copy-to-vram`.
+#[derive(Debug, Clone, Copy)]
+pub struct OpcodeTable;
+
+impl OpcodeNames for OpcodeTable {
+    fn opcode_names(&self) -> Vec<(u8, String)> {
+        OPCODES
+            .iter()
+            .map(|row| (row.opcode, spec_name(row.name)))
+            .collect()
+    }
+}
+
+/// `opcode=` in GPU fault specs, by the table's names. It prints before
+/// `count=` and `prob=`, as GPU specs always have.
+impl Filter for GpuFilter {
+    type Subject = u8;
+    const ITEMS: &'static str = "opcode=";
+    const PRINTED_FIRST: bool = true;
+
+    fn parse_item(&mut self, item: &Item<'_>) -> Option<Result<(), SpecError>> {
+        (item.name == "opcode").then(|| {
+            self.opcode = Some(item.parse("NAME|0xNN", |text| parse_opcode(text, &OpcodeTable))?);
+            Ok(())
+        })
+    }
+
+    fn fmt_items(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.opcode {
+            Some(op) => write!(f, ",opcode={}", opcode_text(op, &OpcodeTable)),
+            None => Ok(()),
+        }
+    }
+
+    fn matches(&self, opcode: &u8) -> bool {
+        self.applies_to(*opcode)
+    }
 }
 
 impl OpcodeSpec {

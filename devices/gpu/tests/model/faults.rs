@@ -37,14 +37,25 @@ fn job_error_retires_with_the_injected_status_without_running() {
     );
 }
 
+/// Catches: a job-error code that no command retires with reaching the
+/// device, or a device that arms without end.
 #[test]
-fn job_error_codes_that_no_command_retires_with_are_refused() {
+fn bad_codes_and_too_many_specs_are_refused() {
     let rig = Rig::ready();
     for bad in ["job-error=0x07", "job-error=0x10", "job-error=0x99"] {
-        let spec: GpuFaultSpec = bad.parse().unwrap();
-        let err = rig.gpu.inject(spec).unwrap_err();
-        assert!(err.contains("not a command error"), "{bad}: {err}");
+        let err = bad.parse::<GpuFaultSpec>().unwrap_err();
+        assert!(err.message.contains("not a command error"), "{bad}: {err}");
+        let control = rig.gpu.control();
+        let err = DeviceControl::inject(&control, bad).unwrap_err();
+        assert!(err.starts_with(&format!("{bad}: ")), "{err}");
     }
+    for _ in 0..p2plab_fault::DEFAULT_MAX_ARMED {
+        arm(&rig, "drop-irq,opcode=0x7f");
+    }
+    let err = DeviceControl::inject(&rig.gpu.control(), "hang").unwrap_err();
+    assert!(err.contains("64 injections"), "{err}");
+    DeviceControl::clear(&rig.gpu.control());
+    arm(&rig, "hang,opcode=0x7f");
 }
 
 #[test]

@@ -10,6 +10,9 @@ mod info;
 mod ocp;
 mod queues;
 
+#[cfg(test)]
+pub(crate) use ocp::MAX_ENTRIES as OCP_MAX_ENTRIES;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -38,6 +41,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::DELETE_SQ,
             name: "Delete I/O Submission Queue",
+            fault_name: "delete-sq",
             run: |cx, cmd| queues::delete_io_sq(cx, DeleteIoQueue::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,
@@ -45,6 +49,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::CREATE_SQ,
             name: "Create I/O Submission Queue",
+            fault_name: "create-sq",
             run: |cx, cmd| queues::create_io_sq(cx, CreateIoSq::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::HostToController,
@@ -52,6 +57,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::GET_LOG_PAGE,
             name: "Get Log Page",
+            fault_name: "get-log-page",
             run: |cx, cmd| info::get_log_page(cx, GetLogPage::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::ControllerToHost,
@@ -59,6 +65,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::DELETE_CQ,
             name: "Delete I/O Completion Queue",
+            fault_name: "delete-cq",
             run: |cx, cmd| queues::delete_io_cq(cx, DeleteIoQueue::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,
@@ -66,6 +73,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::CREATE_CQ,
             name: "Create I/O Completion Queue",
+            fault_name: "create-cq",
             run: |cx, cmd| queues::create_io_cq(cx, CreateIoCq::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::HostToController,
@@ -73,6 +81,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::IDENTIFY,
             name: "Identify",
+            fault_name: "identify",
             run: |cx, cmd| info::identify(cx, Identify::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::ControllerToHost,
@@ -80,6 +89,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::ABORT,
             name: "Abort",
+            fault_name: "abort",
             run: |cx, cmd| abort(cx, Abort::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,
@@ -87,6 +97,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::SET_FEATURES,
             name: "Set Features",
+            fault_name: "set-features",
             run: |cx, cmd| info::set_features(cx, SetFeatures::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::HostToController,
@@ -94,6 +105,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::GET_FEATURES,
             name: "Get Features",
+            fault_name: "get-features",
             run: |cx, cmd| info::get_features(cx, GetFeatures::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::ControllerToHost,
@@ -101,6 +113,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::ASYNC_EVENT_REQUEST,
             name: "Asynchronous Event Request",
+            fault_name: "async-event-request",
             run: |cx, cmd| async_event_request(cx, AsyncEventRequest::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,
@@ -108,6 +121,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::DOORBELL_BUFFER_CONFIG,
             name: "Doorbell Buffer Config",
+            fault_name: "doorbell-buffer-config",
             run: |cx, cmd| queues::doorbell_buffer_config(cx, DoorbellBufferConfig::parse(cmd)?),
             effects: CSUPP,
             data: DataTransfer::None,
@@ -115,6 +129,7 @@ pub(crate) static ADMIN_COMMANDS: CommandTable = CommandTable::new(
         CommandRow {
             opcode: op::FORMAT_NVM,
             name: "Format NVM",
+            fault_name: "format-nvm",
             run: |cx, cmd| format_nvm(cx, FormatNvm::parse(cmd)?),
             effects: CSUPP | LBCC | NCC | NIC,
             data: DataTransfer::None,

@@ -15,9 +15,12 @@
 //! Entry flags: Enable (bit 0) arms it; Single Instance (bit 1) fires once
 //! (`count=1`). NRTDP, the number of reads that trigger it, lets that many
 //! reads pass first (`opcode=read,after=N`). Other types (PLP defect,
-//! incomplete shutdown) are refused with Invalid Field.
+//! incomplete shutdown) are refused with Invalid Field, and so is a set
+//! that does not fit beside what the host armed (the controller keeps at
+//! most `fault::MAX_ARMED` specs); a refused set leaves the previous one
+//! armed.
 
-use p2plab_fault::FaultSpec;
+use crate::fault::FaultSpec;
 use tracing::info;
 
 use crate::context::{CommandContext, CommandResult, Outcome};
@@ -28,6 +31,10 @@ use crate::spec::Status;
 /// Bytes per entry, and the most entries (NUM is 7 bits, 127 at most).
 pub(crate) const ENTRY_SIZE: usize = 32;
 pub(crate) const MAX_ENTRIES: usize = 127;
+
+// A full set of entries fits the controller's cap on armed specs, with
+// room for one the host arms.
+const _: () = assert!(MAX_ENTRIES < crate::fault::MAX_ARMED);
 
 /// The injection an entry asks for (None: a disabled entry).
 pub(crate) fn entry_spec(entry: &[u8; ENTRY_SIZE]) -> Result<Option<FaultSpec>, Status> {
@@ -79,13 +86,25 @@ pub(crate) fn set_error_injection(cx: &mut CommandContext<'_>, f: &SetFeatures) 
         }
     }
     let state = cx.state;
-    let previous = std::mem::take(&mut lock(&state.admin).ocp_error_injection);
-    for id in previous.into_iter().filter_map(|(_, id)| id) {
-        state.disarm_fault(id);
-    }
+    let mut admin = lock(&state.admin);
+    let previous: Vec<u64> = admin
+        .ocp_error_injection
+        .iter()
+        .filter_map(|&(_, id)| id)
+        .collect();
+    let specs: Vec<FaultSpec> = entries.iter().filter_map(|&(_, spec)| spec).collect();
+    // All or nothing: entries that do not fit beside what the host armed
+    // leave the previous set armed.
+    let mut ids = state
+        .replace_faults(&previous, &specs)
+        .map_err(|e| {
+            info!(error = %e, entries = specs.len(), "OCP error injection refused");
+            Status::INVALID_FIELD
+        })?
+        .into_iter();
     let mut armed = Vec::with_capacity(entries.len());
     for (entry, spec) in entries {
-        let id = spec.map(|s| state.inject(s));
+        let id = spec.and_then(|_| ids.next());
         info!(
             kind = u16::from_le_bytes([entry[2], entry[3]]),
             ?id,
@@ -93,7 +112,7 @@ pub(crate) fn set_error_injection(cx: &mut CommandContext<'_>, f: &SetFeatures) 
         );
         armed.push((entry, id));
     }
-    lock(&state.admin).ocp_error_injection = armed;
+    admin.ocp_error_injection = armed;
     Ok(Outcome::success())
 }
 

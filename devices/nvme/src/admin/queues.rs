@@ -75,7 +75,7 @@ pub(super) fn create_io_cq(cx: &mut CommandContext<'_>, f: CreateIoCq) -> Comman
     } else {
         CqInterrupts::Disabled
     };
-    let cq = Arc::new(CompletionQueue::new(
+    let cq = state.completion_queue(CompletionQueue::new(
         qid, base, entries, f.iv, interrupts, memory,
     ));
     if let Some(buffers) = note_queue_created(state) {

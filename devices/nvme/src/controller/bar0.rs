@@ -334,7 +334,7 @@ fn enable(state: &Arc<ControllerState>, regs: &mut Regs) {
             QueueMemory::Host
         }
     };
-    let cq = Arc::new(CompletionQueue::new(
+    let cq = state.completion_queue(CompletionQueue::new(
         0,
         regs.acq,
         cq_entries,

@@ -21,15 +21,15 @@ mod doorbells;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::fault::{ArmError, FaultSpec};
 use p2plab_dma::{DmaFault, GuestMemory, RegionMemory};
-use p2plab_fault::FaultSpec;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, ControllerConfig};
 use crate::memory::DmaRouter;
 use crate::namespace::Namespace;
 use crate::registers::{Cap, Csts};
-use crate::state::{ControllerState, FaultReport, Regs};
+use crate::state::{ControllerState, FaultReport, QueueRunner, Regs};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::worker;
 use p2plab_kit::Interrupts;
@@ -92,6 +92,19 @@ impl NvmeController {
         pmr: Option<Arc<dyn RegionMemory>>,
         irq: Arc<dyn Interrupts>,
     ) -> Result<Self, ConfigError> {
+        let runner = QueueRunner::Threads(worker::run);
+        Self::build(config, namespaces, memory, cmb, pmr, irq, runner)
+    }
+
+    fn build(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        memory: Arc<dyn GuestMemory>,
+        cmb: Option<Arc<dyn RegionMemory>>,
+        pmr: Option<Arc<dyn RegionMemory>>,
+        irq: Arc<dyn Interrupts>,
+        runner: QueueRunner,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         match (&pmr, config.pmr_size) {
             (None, 0) => {}
@@ -134,18 +147,46 @@ impl NvmeController {
         };
         let stats = Arc::new(Stats::default());
         let mem = DmaRouter::with_pmr(memory, cmb, pmr, Arc::clone(&stats));
-        let state = ControllerState::new(
-            config,
-            cap.value(),
-            namespaces,
-            mem,
-            irq,
-            stats,
-            worker::run,
-        );
+        let state = ControllerState::new(config, cap.value(), namespaces, mem, irq, stats, runner);
         Ok(Self {
             state: Arc::new(state),
         })
+    }
+
+    /// Like [`new`](Self::new), with no queue worker threads: the queues
+    /// run on the caller's thread when it calls
+    /// [`run_queues`](Self::run_queues), through the same fetch, command
+    /// tables, handlers and completion code. A completion queue the host
+    /// left full is not waited for: its SQ's next entries stay unfetched
+    /// (a completion a handler adds, such as Abort's, is dropped). For
+    /// fuzzing and deterministic tests.
+    #[cfg(feature = "testing")]
+    pub fn with_queues_on_caller(
+        config: ControllerConfig,
+        namespaces: Vec<Arc<Namespace>>,
+        memory: Arc<dyn GuestMemory>,
+        cmb: Option<Arc<dyn RegionMemory>>,
+        irq: Arc<dyn Interrupts>,
+    ) -> Result<Self, ConfigError> {
+        Self::build(
+            config,
+            namespaces,
+            memory,
+            cmb,
+            None,
+            irq,
+            QueueRunner::Caller,
+        )
+    }
+
+    /// Runs every queue's pending entries on this thread (a controller
+    /// made by [`with_queues_on_caller`](Self::with_queues_on_caller);
+    /// elsewhere the worker threads run them and this does nothing).
+    #[cfg(feature = "testing")]
+    pub fn run_queues(&self) {
+        if self.state.queues_on_caller() {
+            worker::run_queues_on_caller(&self.state);
+        }
     }
 
     pub fn config(&self) -> &ControllerConfig {
@@ -238,9 +279,10 @@ impl NvmeController {
         }
     }
 
-    /// Arms a fault injection (see the `p2plab-fault` crate for specs);
-    /// returns its ID.
-    pub fn inject(&self, spec: FaultSpec) -> u64 {
+    /// Arms a fault injection (specs: [`crate::fault`]); returns its ID, or
+    /// refuses it when the controller keeps as many as it may
+    /// ([`crate::fault::MAX_ARMED`]).
+    pub fn inject(&self, spec: FaultSpec) -> Result<u64, ArmError> {
         self.state.inject(spec)
     }
 

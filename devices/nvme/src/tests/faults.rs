@@ -67,7 +67,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn injected_status_hits_the_next_n_matching_commands() {
     let mut h = ready_host();
     fill(&mut h);
-    h.ctrl.inject(spec("status=0x281,dnr,count=2,opcode=read"));
+    h.ctrl
+        .inject(spec("status=0x281,dnr,count=2,opcode=read"))
+        .unwrap();
     let injected = Status::UNRECOVERED_READ_ERROR.with_dnr();
     assert_eq!(read_status(&mut h, 0, 1), injected);
     assert_eq!(
@@ -82,14 +84,14 @@ fn injected_status_hits_the_next_n_matching_commands() {
     assert_eq!(report.armed[0].remaining, Some(0));
     assert_eq!(h.ctrl.stats().counters.injected_faults, 2);
     // Namespace Not Ready: generic 82h, retryable.
-    h.ctrl.inject(spec("ns-not-ready,count=1"));
+    h.ctrl.inject(spec("ns-not-ready,count=1")).unwrap();
     let c = read_status(&mut h, 0, 1);
     assert_eq!((c.sct(), c.sc(), c.dnr()), (0, 0x82, false));
     // More: bit 13 of the status field.
-    h.ctrl.inject(spec("status=0x4,more,count=1"));
+    h.ctrl.inject(spec("status=0x4,more,count=1")).unwrap();
     assert_eq!(read_status(&mut h, 0, 1).raw(), 0x2004);
     // The admin queue is out of reach of a spec without queue=0.
-    h.ctrl.inject(spec("status=0x6"));
+    h.ctrl.inject(spec("status=0x6")).unwrap();
     assert_eq!(
         h.admin_status(get_log(log::SMART_HEALTH, 0, 512)),
         Status::SUCCESS
@@ -106,7 +108,7 @@ fn injected_status_hits_the_next_n_matching_commands() {
 fn media_errors_persist_until_rewritten_and_are_logged() {
     let mut h = ready_host();
     fill(&mut h);
-    h.ctrl.inject(spec("media-error:lba=10-19"));
+    h.ctrl.inject(spec("media-error:lba=10-19")).unwrap();
     for _ in 0..2 {
         assert_eq!(read_status(&mut h, 0, 10), Status::SUCCESS);
         assert_eq!(read_status(&mut h, 20, 8), Status::SUCCESS);
@@ -163,7 +165,7 @@ fn media_errors_persist_until_rewritten_and_are_logged() {
 #[test]
 fn held_command_is_aborted_with_command_abort_requested() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("timeout,count=1,opcode=read"));
+    h.ctrl.inject(spec("timeout,count=1,opcode=read")).unwrap();
     let held = h.submit(1, rw(op::READ, 0, 1).build());
     assert!(h.try_reap(1, Duration::from_millis(200)).is_none(), "held");
     // The queue keeps going behind it.
@@ -184,7 +186,9 @@ fn held_command_is_aborted_with_command_abort_requested() {
     assert_eq!((c.commands_held, c.commands_aborted), (1, 1));
 
     // no-abort: the Abort says "not aborted"; a reset drops the command.
-    h.ctrl.inject(spec("timeout,no-abort,count=1,opcode=read"));
+    h.ctrl
+        .inject(spec("timeout,no-abort,count=1,opcode=read"))
+        .unwrap();
     let stuck = h.submit(1, rw(op::READ, 0, 1).build());
     assert!(h.try_reap(1, Duration::from_millis(100)).is_none());
     let abort = CommandBuilder::new(admin::ABORT, 0)
@@ -202,7 +206,7 @@ fn held_command_is_aborted_with_command_abort_requested() {
 #[test]
 fn cfs_is_raised_and_cleared_by_a_reset() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("cfs,opcode=write"));
+    h.ctrl.inject(spec("cfs,opcode=write")).unwrap();
     assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
     assert_eq!(h.read32(reg::CSTS) & 2, 0);
     h.submit(1, rw(op::WRITE, 0, 1).build());
@@ -224,7 +228,7 @@ fn cfs_is_raised_and_cleared_by_a_reset() {
 #[test]
 fn an_injected_internal_error_raises_cfs_and_a_reset_recovers() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("internal-error,opcode=write"));
+    h.ctrl.inject(spec("internal-error,opcode=write")).unwrap();
     assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
     h.submit(1, rw(op::WRITE, 0, 1).build());
     h.wait_csts(2, 2);
@@ -245,7 +249,7 @@ fn an_injected_internal_error_raises_cfs_and_a_reset_recovers() {
 #[test]
 fn dropped_interrupt_leaves_the_completion_in_the_queue() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("drop-irq,count=1"));
+    h.ctrl.inject(spec("drop-irq,count=1")).unwrap();
     let before = h.irq.count(1);
     let cid = h.submit(1, rw(op::READ, 0, 1).build());
     let c = h.reap(1);
@@ -261,7 +265,7 @@ fn dropped_interrupt_leaves_the_completion_in_the_queue() {
 #[test]
 fn delayed_interrupt_comes_late_after_the_completion() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("delay-irq=400ms,count=1"));
+    h.ctrl.inject(spec("delay-irq=400ms,count=1")).unwrap();
     let before = h.irq.count(1);
     let t = Instant::now();
     let cid = h.submit(1, rw(op::READ, 0, 1).build());
@@ -285,7 +289,9 @@ fn delayed_interrupt_comes_late_after_the_completion() {
 #[test]
 fn latency_range_delays_within_bounds() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("latency=100ms-200ms,opcode=read"));
+    h.ctrl
+        .inject(spec("latency=100ms-200ms,opcode=read"))
+        .unwrap();
     for _ in 0..3 {
         let t = Instant::now();
         assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
@@ -299,7 +305,7 @@ fn latency_range_delays_within_bounds() {
 fn corrupt_flips_one_bit_per_block_of_the_range() {
     let mut h = ready_host();
     let data = fill(&mut h);
-    h.ctrl.inject(spec("corrupt:lba=2-3"));
+    h.ctrl.inject(spec("corrupt:lba=2-3")).unwrap();
     assert_eq!(read_status(&mut h, 0, 8), Status::SUCCESS);
     let got = h.peek(DATA, 4096);
     let mut want = data[..4096].to_vec();
@@ -319,7 +325,7 @@ fn corrupt_flips_one_bit_per_block_of_the_range() {
 #[test]
 fn latency_delays_matching_commands() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("latency=300ms,opcode=read"));
+    h.ctrl.inject(spec("latency=300ms,opcode=read")).unwrap();
     let t = Instant::now();
     assert_eq!(read_status(&mut h, 0, 1), Status::SUCCESS);
     assert!(
@@ -341,7 +347,9 @@ fn latency_delays_matching_commands() {
 #[test]
 fn surprise_reset_drops_the_queues_and_keeps_the_cmb_placement() {
     let mut h = ready_host();
-    h.ctrl.inject(spec("timeout,no-abort,count=1,opcode=read"));
+    h.ctrl
+        .inject(spec("timeout,no-abort,count=1,opcode=read"))
+        .unwrap();
     h.submit(1, rw(op::READ, 0, 1).build());
     assert!(h.try_reap(1, Duration::from_millis(100)).is_none());
     h.ctrl.surprise_reset();
@@ -419,4 +427,37 @@ fn ocp_error_injection_arms_faults_in_band() {
     assert_eq!(set_ocp(&mut h, &[ocp_entry(1, 4, 0)]), Status::SUCCESS);
     h.submit(1, rw(op::READ, 0, 1).build());
     h.wait_csts(2, 2);
+}
+
+/// Catches: a controller that arms without end (the control socket is
+/// reachable from every lab guest), a cap that refuses a full OCP set, or
+/// an OCP set that half-arms when it does not fit beside the host's
+/// specs.
+#[test]
+fn armed_specs_are_capped_and_a_full_ocp_set_fits() {
+    let mut h = ready_host();
+    let nand = ocp_entry(1, 7, 0);
+    let full = vec![nand; 127];
+    assert_eq!(set_ocp(&mut h, &full), Status::SUCCESS);
+    assert_eq!(h.ctrl.fault_report().armed.len(), 127);
+    h.ctrl.inject(spec("status=0x4,count=1")).unwrap();
+    let refused = h.ctrl.inject(spec("status=0x4")).unwrap_err();
+    assert!(refused.to_string().contains("128"), "{refused}");
+    // The host's spec spent, its room is free again.
+    assert_eq!(read_status(&mut h, 0, 1), Status::UNRECOVERED_READ_ERROR);
+    h.ctrl.inject(spec("status=0x4")).unwrap();
+    assert_eq!(h.ctrl.fault_report().armed.len(), 128);
+    h.ctrl.clear_faults();
+    for _ in 0..10 {
+        h.ctrl.inject(spec("latency=1us")).unwrap();
+    }
+    // 127 entries do not fit beside 10 host specs: refused, and the
+    // previous (empty) set stays as it was.
+    assert_eq!(set_ocp(&mut h, &full), Status::INVALID_FIELD);
+    assert_eq!(h.ctrl.fault_report().armed.len(), 10);
+    assert_eq!(set_ocp(&mut h, &full[..118]), Status::SUCCESS);
+    assert_eq!(h.ctrl.fault_report().armed.len(), 128);
+    // Replacing the set frees its own room first.
+    assert_eq!(set_ocp(&mut h, &full[..118]), Status::SUCCESS);
+    assert_eq!(h.ctrl.fault_report().armed.len(), 128);
 }

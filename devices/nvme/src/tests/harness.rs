@@ -96,6 +96,33 @@ impl Host {
         Self::build(config, namespaces, None, wrap)
     }
 
+    /// A controller whose queues run on the test's thread: [`try_reap`]
+    /// runs them while it looks for a completion.
+    pub fn on_caller() -> Self {
+        let guest = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE));
+        let cmb = Arc::new(HeapRegion::new(CMB_SIZE as usize));
+        let irq = RecordingInterrupts::new();
+        let ctrl = NvmeController::with_queues_on_caller(
+            test_config(),
+            vec![memory_namespace(1, 1 << 20, 512)],
+            guest.clone(),
+            Some(cmb.clone()),
+            irq.clone(),
+        )
+        .expect("controller");
+        ctrl.set_cmb_bar_address(Some(CMB_BAR));
+        let mut queues = Vec::new();
+        queues.resize_with(usize::from(test_config().max_io_queues) + 1, || None);
+        Self {
+            ctrl,
+            guest,
+            cmb,
+            irq,
+            queues,
+            next_cid: 1,
+        }
+    }
+
     fn build(
         config: ControllerConfig,
         namespaces: Vec<Arc<Namespace>>,
@@ -254,6 +281,8 @@ impl Host {
             (q.cq_base + u64::from(q.cq_head) * 16, q.phase)
         };
         loop {
+            // Does nothing unless the queues run on this thread.
+            self.ctrl.run_queues();
             let mut e = [0u8; 16];
             self.read_mem(addr, &mut e);
             let entry = CompletionEntry::decode(&e);

@@ -2,6 +2,7 @@
 //! controller through its registers and queues in fake guest memory.
 
 mod admin_cmds;
+mod caller_queues;
 mod command_tables;
 mod doorbells;
 mod faults;

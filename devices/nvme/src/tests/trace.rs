@@ -49,7 +49,8 @@ fn commands_faults_doorbells_and_resets_are_decoded() {
         .build();
     assert_eq!(h.io(1, write).status, Status::SUCCESS);
     h.ctrl
-        .inject("status=0x281,dnr,count=1,opcode=read".parse().unwrap());
+        .inject("status=0x281,dnr,count=1,opcode=read".parse().unwrap())
+        .unwrap();
     let read = CommandBuilder::new(op::READ, 0)
         .nsid(1)
         .slba(40)
@@ -58,7 +59,9 @@ fn commands_faults_doorbells_and_resets_are_decoded() {
         .build();
     let got = h.io(1, read).status;
     assert_eq!(got, Status::UNRECOVERED_READ_ERROR.with_dnr());
-    h.ctrl.inject("media-error:lba=50-50".parse().unwrap());
+    h.ctrl
+        .inject("media-error:lba=50-50".parse().unwrap())
+        .unwrap();
     let read = CommandBuilder::new(op::READ, 0)
         .nsid(1)
         .slba(48)
@@ -158,7 +161,8 @@ fn held_command_and_its_abort_are_traced() {
     h.ctrl.tracer().configure(&path, "nvme-test");
     h.ctrl.tracer().enable().unwrap();
     h.ctrl
-        .inject("timeout,count=1,opcode=read".parse().unwrap());
+        .inject("timeout,count=1,opcode=read".parse().unwrap())
+        .unwrap();
     let read = CommandBuilder::new(op::READ, 0)
         .nsid(1)
         .slba(7)

@@ -27,9 +27,11 @@ struct Args {
     /// On the host: the server's control socket (`NAME.ctl` in the run
     /// folder; its vfio-user socket `NAME.sock` works too). In the guest:
     /// the device id (`nvme0`), reached through the virtio-serial port
-    /// `p2plab.ctl.ID` that the lab connects to that socket, or the port's
-    /// device node (`/dev/vport1p1`). For `mark` and `provenance`: the run
-    /// folder on the host (`runs/latest`), `all` in the guest.
+    /// `p2plab.ctl.ID` that the lab connects to the server's guest control
+    /// socket when asked (`run-vm --guest-control`), or the port's device
+    /// node (`/dev/vport1p1`). For `mark` and `provenance`: the run folder
+    /// on the host (`runs/latest`), `all` in the guest (with
+    /// `--guest-control`).
     #[arg(value_name = "SOCKET|ID|RUN")]
     socket: PathBuf,
 
@@ -54,7 +56,7 @@ enum Command {
     },
     /// Disarm every injection (media-error blocks read fine again).
     Clear,
-    /// Reset the device as a function-level reset would.
+    /// Reset the device as a function-level reset would (host only).
     Reset,
     /// Switch the decoded trace on or off, or show where it stands; with
     /// --follow, print its events as they come (host only; Ctrl-C ends).
@@ -300,7 +302,8 @@ fn target(arg: PathBuf) -> Result<Target, String> {
         }
     }
     Err(format!(
-        "{text}: no control socket there, and no virtio-serial port p2plab.ctl.{text}"
+        "{text}: no control socket there, and no virtio-serial port p2plab.ctl.{text} \
+         (in a guest, the lab adds one only when asked: scripts/run-vm --guest-control {text})"
     ))
 }
 
@@ -377,10 +380,17 @@ fn main() -> ExitCode {
                         (ControlRequest::Clear, _) => println!("cleared"),
                         (ControlRequest::Reset, _) => println!("reset"),
                         (ControlRequest::Trace { .. }, _) => println!(
-                            "trace {} -> {} ({} events)",
+                            "trace {} -> {} ({} events, {} of {} bytes{})",
                             if result["on"] == true { "on" } else { "off" },
                             result["path"].as_str().unwrap_or("(no file)"),
-                            result["events"]
+                            result["events"],
+                            result["bytes"],
+                            result["max_bytes"],
+                            if result["stopped_at_cap"] == true {
+                                "; stopped at the cap"
+                            } else {
+                                ""
+                            }
                         ),
                         _ => println!("{result}"),
                     }

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use p2plab_lab::kernel_log::Expected;
-use p2plab_lab::{GuestScript, Lab, LabOptions, Outcome};
+use p2plab_lab::{GuestControl, GuestScript, Lab, LabOptions, Outcome, Timeout};
 use serde_json::Value;
 
 /// Boot budget per VM under TCG on a 2-core machine, generous on purpose:
-/// the suites check outcomes, never speed.
+/// the suites check outcomes, never speed. Given as a TCG budget
+/// (`Timeout::TcgBudget`, `Lab::budget`): the lab scales it under KVM.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// A finished guest run and its reported facts.
@@ -100,7 +101,8 @@ pub fn shared_boot_script(parts: &[(&str, &GuestScript)]) -> GuestScript {
 pub struct Boot {
     pub server_args: Vec<(String, Vec<String>)>,
     pub append: Vec<String>,
-    /// Extra QEMU arguments, after the topology's (a later `-cpu` wins).
+    /// Extra QEMU arguments, after the topology's (a later `-cpu` wins and
+    /// is the TCG vCPU the lab reads the vendor need from; no `-accel`).
     pub qemu_args: Vec<String>,
     pub share: Option<PathBuf>,
     /// `@STATE@` for this boot; default: a fresh folder per test process.
@@ -108,6 +110,9 @@ pub struct Boot {
     /// Kernel-log complaints this boot provokes on purpose (the clean-boot
     /// check fails on any other).
     pub kernel_log: Vec<Expected>,
+    /// The servers the guest script drives itself (`p2plab-ctl ID` in the
+    /// guest); none unless named.
+    pub guest_control: GuestControl,
 }
 
 /// A state folder private to this test binary run, under target/.
@@ -138,7 +143,7 @@ pub fn run_guest_with<T>(
 ) -> (GuestRun, T) {
     let mut options = LabOptions::exec(topology, script)
         .unwrap_or_else(|err| panic!("the guest script: {err:#}"));
-    options.timeout = Some(BOOT_TIMEOUT);
+    options.timeout = Some(Timeout::TcgBudget(BOOT_TIMEOUT));
     options.server_args = boot.server_args;
     options.append = boot.append;
     options.qemu_args = boot.qemu_args;
@@ -147,6 +152,7 @@ pub fn run_guest_with<T>(
     options.stream_output = std::env::var_os("P2PLAB_STREAM").is_some();
     options.log_level = Some("debug".to_owned());
     options.kernel_log.expected = boot.kernel_log;
+    options.guest_control = boot.guest_control;
     let mut lab = Lab::start(&options).unwrap_or_else(|err| panic!("the lab failed: {err:#}"));
     let hosted = host(&mut lab);
     let outcome = lab

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use p2plab_lab::lab::{stop_kept, LAB_FAILURE};
+use p2plab_lab::accel::{AccelRequest, Timeout};
+use p2plab_lab::lab::{preview_accel, stop_kept, LAB_FAILURE};
 use p2plab_lab::{Lab, LabOptions, LabPaths, Mode};
 
 /// Boot the p2plab guest with the emulated NVMe (CMB) and GPU devices
@@ -54,6 +55,12 @@ struct Cli {
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     timeout: Option<Duration>,
 
+    /// Accelerator: `kvm` (an error where /dev/kvm cannot run a vCPU),
+    /// `tcg`, or `auto` (KVM when a probe vCPU runs, else TCG with one line
+    /// saying why). Default: $P2PLAB_ACCEL, else auto.
+    #[arg(long, value_name = "auto|kvm|tcg")]
+    accel: Option<AccelRequest>,
+
     /// Device server log level (error, warn, info, debug, trace); RUST_LOG
     /// also works for finer filters.
     #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
@@ -64,6 +71,14 @@ struct Cli {
     /// `#@server` lines say (on unless they say off).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     peer_path: Option<String>,
+
+    /// Give the guest its own control channel to these device servers
+    /// (`all`, or ids like `nvme0,gpu0`): a virtio-serial port per device,
+    /// through which the guest's `p2plab-ctl ID` asks for status, arms
+    /// and clears injections and switches the trace (not reset). Off
+    /// unless given.
+    #[arg(long, value_name = "all|DEV[,DEV]")]
+    guest_control: Option<p2plab_lab::GuestControl>,
 
     /// Show boot messages and progress.
     #[arg(long, short = 'v')]
@@ -129,6 +144,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         let paths = LabPaths::discover()?;
         p2plab_lab::setup::ensure_guest_env(&paths)?;
         p2plab_lab::setup::ensure_overlay(&paths)?;
+        // What a run of this topology would get (a forced KVM that cannot
+        // run fails here, before any suite boots).
+        let mut options = LabOptions::new(&cli.config, Mode::Interactive);
+        options.accel = cli.accel;
+        let accel = preview_accel(&paths, &options)?;
+        eprintln!("p2plab: {}", accel.line);
         return Ok(ExitCode::SUCCESS);
     }
     let mode = match (cli.keep, cli.exec) {
@@ -140,11 +161,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     options.share = cli.share;
     options.kernel = cli.kernel;
     options.append = cli.append;
-    options.timeout = cli.timeout;
+    options.timeout = cli.timeout.map(Timeout::Exactly);
+    options.accel = cli.accel;
     options.log_level = cli.log_level;
     if let Some(mode) = &cli.peer_path {
         options.every_server_args = vec!["--peer-path".to_owned(), mode.clone()];
     }
+    options.guest_control = cli.guest_control.unwrap_or_default();
     options.verbose = cli.verbose;
     // The CLI reports complaints in the guest's kernel log but keeps the
     // command's exit status.

@@ -87,6 +87,34 @@ pub(crate) struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+/// What makes the driver a first `p2plab_gds_driver_open` opens.
+#[cfg(feature = "testing")]
+pub type MakeDriver = Box<dyn Fn() -> Result<Driver> + Send>;
+
+#[cfg(feature = "testing")]
+static MAKE_DRIVER: Mutex<Option<MakeDriver>> = Mutex::new(None);
+
+/// Testing: the driver that the C ABI opens from now on (`None`: the real
+/// one, on /sys), such as one over a test GPU
+/// ([`FakeGpu::driver`](crate::testing::FakeGpu::driver)). Everything
+/// behind `p2plab_gds_*` then runs as it does on a real system.
+#[cfg(feature = "testing")]
+pub fn inject_driver(make: Option<MakeDriver>) {
+    *MAKE_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) = make;
+}
+
+fn open_driver() -> Result<Driver> {
+    #[cfg(feature = "testing")]
+    if let Some(make) = MAKE_DRIVER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+    {
+        return make();
+    }
+    Driver::open()
+}
+
 thread_local! {
     pub(crate) static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
@@ -192,7 +220,7 @@ pub extern "C" fn p2plab_gds_driver_open() -> Status {
             Some(s) => s.opens += 1,
             None => {
                 *guard = Some(State {
-                    driver: Arc::new(Driver::open()?),
+                    driver: Arc::new(open_driver()?),
                     opens: 1,
                     next_handle: 1,
                     handles: HashMap::new(),
