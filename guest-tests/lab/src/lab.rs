@@ -1224,7 +1224,9 @@ mod tests {
             Accel::Tcg,
         ),
         ("viommu", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
+        ("viommu-acs", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
         ("separate-root-ports-zen", "EPYC", Accel::Tcg, Accel::Kvm),
+        ("viommu-amd", "EPYC", Accel::Tcg, Accel::Kvm),
     ];
 
     /// Catches: a shipped topology whose QEMU command line gets no
