@@ -480,11 +480,7 @@ fn check_p2p_phases(run: &GuestRun, path: Path2p) {
         }
         Path2p::Iommu => {
             run.expect("BUS_ROUTE_STATUS", "1");
-            assert!(
-                run.fact("BUS_ROUTE_OUT").contains("status 0x04"),
-                "{}",
-                run.fact("BUS_ROUTE_OUT")
-            );
+            assert_eq!(bus_route_job_status(run), JOB_STATUS_HOST_DMA);
             assert_eq!(p.delta("gpu0", "dma_peer_write_bytes"), 0);
             assert_eq!(p.delta("gpu0", "dma_message_write_bytes"), 0);
             assert_eq!(p.delta("gpu0", "jobs_failed"), 1);
@@ -497,6 +493,22 @@ fn check_p2p_phases(run: &GuestRun, path: Path2p) {
         assert_eq!(counter(&s, "dma_faults"), 0, "{id}: {s}");
         assert_eq!(counter(&s, "failed_commands"), 0, "{id}: {s}");
     }
+}
+
+/// The GPU's job status for a DMA that faulted at the host (HOST_DMA,
+/// devices/gpu/src/status.rs).
+const JOB_STATUS_HOST_DMA: u32 = 0x04;
+
+/// The job status `p2plab-gpu-tool raw` printed in the bus_route phase
+/// (`status 0x4 result ... fence N`).
+fn bus_route_job_status(run: &GuestRun) -> u32 {
+    let out = run.fact("BUS_ROUTE_OUT");
+    out.split_once("status 0x")
+        .and_then(|(_, rest)| {
+            let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+            u32::from_str_radix(&hex, 16).ok()
+        })
+        .unwrap_or_else(|| panic!("no job status in BUS_ROUTE_OUT: {out}"))
 }
 
 /// The routing table the lab gave each server (its command line).
@@ -653,11 +665,7 @@ fn viommu_with_acs_and_an_intel_vcpu_refuses_p2p() {
     run.expect("RAM_AFTER_CMP", "0");
     // The GPU's raw DMA to nvme1's CMB bus address faults (HOST_DMA).
     run.expect("BUS_ROUTE_STATUS", "1");
-    assert!(
-        run.fact("BUS_ROUTE_OUT").contains("status 0x04"),
-        "{}",
-        run.fact("BUS_ROUTE_OUT")
-    );
+    assert_eq!(bus_route_job_status(&run), JOB_STATUS_HOST_DMA);
     let nvme = stats(&run, "nvme0");
     let gpu0 = stats(&run, "gpu0");
     let nvme1 = stats(&run, "nvme1");
