@@ -287,13 +287,15 @@ pub unsafe extern "C" fn cuFileHandleRegister(
         // SAFETY: for OPAQUE_FD the union holds an int (cuFile's
         // contract); any int is a valid value to read.
         HANDLE_TYPE_OPAQUE_FD => unsafe { d.handle.fd },
-        HANDLE_TYPE_OPAQUE_WIN32 | HANDLE_TYPE_USERSPACE_FS => return refuse(
-            OpError::IoNotSupported,
-            &format!(
+        HANDLE_TYPE_OPAQUE_WIN32 | HANDLE_TYPE_USERSPACE_FS => {
+            return refuse(
+                OpError::IoNotSupported,
+                &format!(
                 "handle type {} is not supported: register an fd (CU_FILE_HANDLE_TYPE_OPAQUE_FD)",
                 d.type_
             ),
-        ),
+            )
+        }
         other => {
             return refuse(
                 OpError::InvalidValue,
@@ -363,16 +365,20 @@ fn io(
     file_offset: i64,
     buf_offset: i64,
 ) -> isize {
-    let ret = io_reported(write, fh, base, size, file_offset, buf_offset);
-    if ret < -1 {
-        // A p2plab-gds code (negated) in cuFile's numbers.
-        let gds_code = ret
-            .checked_neg()
-            .and_then(|c| i32::try_from(c).ok())
-            .unwrap_or(ErrorCode::InternalError as i32);
-        return -(OpError::from_gds_raw(gds_code, 0) as isize);
+    cufile_return(io_reported(write, fh, base, size, file_offset, buf_offset))
+}
+
+/// A p2plab-gds read/write return value as cuFile's: bytes and -1 (errno
+/// set) stay, a negated p2plab-gds code becomes a negated CU_FILE_* code.
+pub fn cufile_return(gds_ret: isize) -> isize {
+    if gds_ret >= -1 {
+        return gds_ret;
     }
-    ret
+    let gds_code = gds_ret
+        .checked_neg()
+        .and_then(|c| i32::try_from(c).ok())
+        .unwrap_or(ErrorCode::InternalError as i32);
+    -(OpError::from_gds_raw(gds_code, 0) as isize)
 }
 
 fn io_reported(
@@ -425,6 +431,11 @@ fn io_reported(
                 if st.sys_errno != 0 && st.err == ErrorCode::SystemError as i32 {
                     set_errno(st.sys_errno);
                     return -1;
+                }
+                if st.err == ErrorCode::MemoryAlreadyRegistered as i32 {
+                    // The range starts or ends in a registered buffer but
+                    // does not fit in it: an invalid offset or size.
+                    return -(ErrorCode::InvalidValue as isize);
                 }
                 return -(st.err as isize);
             }
@@ -520,4 +531,28 @@ pub unsafe extern "C" fn p2plab_cufile_last_report(report: *mut CIoReport) -> c_
 #[no_mangle]
 pub extern "C" fn p2plab_cufile_last_error() -> *const c_char {
     gds::p2plab_gds_last_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches: read/write returning p2plab-gds's numbers (-5002) where
+    /// cuFile documents its own (-5022), or a -1 (errno) or a byte count
+    /// turned into an error code.
+    #[test]
+    fn read_write_returns_are_cufiles() {
+        assert_eq!(cufile_return(4096), 4096);
+        assert_eq!(cufile_return(0), 0);
+        assert_eq!(cufile_return(-1), -1);
+        assert_eq!(cufile_return(-(ErrorCode::InvalidValue as isize)), -5022);
+        assert_eq!(
+            cufile_return(-(ErrorCode::HandleNotRegistered as isize)),
+            -5027
+        );
+        assert_eq!(cufile_return(-(ErrorCode::PointerInvalid as isize)), -5012);
+        assert_eq!(cufile_return(-(ErrorCode::SystemError as isize)), -5030);
+        assert_eq!(cufile_return(-4), -5030, "an unknown code is internal");
+        assert_eq!(cufile_return(isize::MIN), -5030);
+    }
 }
