@@ -107,8 +107,10 @@ const char *cufileop_status_error(CUfileOpError status);
 
 #define CU_FILE_CUDA_ERR(status) ((status).cu_err)
 #define IS_CUDA_ERR(status) ((status).err == CU_FILE_CUDA_DRIVER_ERROR)
-#define IS_CUFILE_ERR(err) (abs((err)) > CUFILEOP_BASE_ERR)
-#define CUFILE_ERRSTR(err) cufileop_status_error((CUfileOpError)abs((err)))
+/* err may be an int or the ssize_t of cuFileRead/Write (hence the cast:
+ * cuFile's numbers fit in an int). */
+#define IS_CUFILE_ERR(err) (abs((int)(err)) > CUFILEOP_BASE_ERR)
+#define CUFILE_ERRSTR(err) cufileop_status_error((CUfileOpError)abs((int)(err)))
 
 /* CUfileDrvProps_t.nvfs.dstatusflags: bit numbers of what storage takes
  * the direct path. p2plab sets CU_FILE_NVME_SUPPORTED. */
