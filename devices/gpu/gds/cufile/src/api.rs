@@ -417,6 +417,20 @@ fn io_reported(
         if let Some(addr) = addr {
             let start = addr as usize as *mut c_void;
             let st = gds::p2plab_gds_buf_register(start, size, 0);
+            if st.err == ErrorCode::MemoryAlreadyRegistered as i32 {
+                // Another thread may have registered it meanwhile (its
+                // registration holds the buffer for our call too).
+                ret = call(base, buf_offset, report.as_mut_ptr());
+                if ret == -(ErrorCode::MemoryNotRegistered as isize) {
+                    // The range starts or ends in a registered buffer but
+                    // does not fit in it: an invalid offset or size.
+                    ret = -(ErrorCode::InvalidValue as isize);
+                }
+                // SAFETY: the call filled the report.
+                let out = unsafe { report.assume_init() };
+                LAST_REPORT.with(|r| *r.borrow_mut() = Some(out));
+                return ret;
+            }
             if st.err != 0 {
                 // Why the registration failed, in the report too.
                 let mut out = {
@@ -431,11 +445,6 @@ fn io_reported(
                 if st.sys_errno != 0 && st.err == ErrorCode::SystemError as i32 {
                     set_errno(st.sys_errno);
                     return -1;
-                }
-                if st.err == ErrorCode::MemoryAlreadyRegistered as i32 {
-                    // The range starts or ends in a registered buffer but
-                    // does not fit in it: an invalid offset or size.
-                    return -(ErrorCode::InvalidValue as isize);
                 }
                 return -(st.err as isize);
             }
