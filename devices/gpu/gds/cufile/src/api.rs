@@ -560,7 +560,7 @@ mod tests {
             -5027
         );
         assert_eq!(cufile_return(-(ErrorCode::PointerInvalid as isize)), -5012);
-        assert_eq!(cufile_return(-(ErrorCode::SystemError as isize)), -5030);
+        assert_eq!(cufile_return(-(ErrorCode::SystemError as isize)), -5044);
         assert_eq!(cufile_return(-4), -5030, "an unknown code is internal");
         assert_eq!(cufile_return(isize::MIN), -5030);
     }

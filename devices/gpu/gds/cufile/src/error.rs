@@ -300,10 +300,10 @@ impl OpError {
 
     /// cuFile's number for a p2plab-gds failure. `errno` is the system
     /// call's (0 when none): a failed system call outside read/write
-    /// (which return -1 with errno) has no cuFile code of its own, so a
-    /// denied one becomes PERMISSION_DENIED and any other INTERNAL_ERROR;
-    /// the errno stays in `errno` and the text in
-    /// `p2plab_cufile_last_error`.
+    /// (which return -1 with errno) becomes INVALID_VALUE (EBADF: not an
+    /// open fd), PERMISSION_DENIED (EPERM, EACCES), NOMEM_ERROR (ENOMEM)
+    /// or IO_ERROR; the errno stays in `errno` and the text in
+    /// `p2plab_cufile_last_error`. INTERNAL_ERROR is only a bug.
     pub fn from_gds(code: ErrorCode, errno: i32) -> OpError {
         match code {
             ErrorCode::Success => OpError::Success,
@@ -318,10 +318,13 @@ impl OpError {
             ErrorCode::IoNotSupported => OpError::IoNotSupported,
             // cuFile's compat copies are cudaMemcpy; here the GPU engine.
             ErrorCode::GpuEngineError => OpError::CudaDriverError,
-            ErrorCode::SystemError if errno == libc::EPERM || errno == libc::EACCES => {
-                OpError::PermissionDenied
-            }
-            ErrorCode::SystemError | ErrorCode::InternalError => OpError::InternalError,
+            ErrorCode::SystemError => match errno {
+                libc::EBADF => OpError::InvalidValue,
+                libc::EPERM | libc::EACCES => OpError::PermissionDenied,
+                libc::ENOMEM => OpError::NomemError,
+                _ => OpError::IoError,
+            },
+            ErrorCode::InternalError => OpError::InternalError,
         }
     }
 
@@ -358,7 +361,7 @@ mod tests {
             (ErrorCode::DeviceNotFound, 5029),
             (ErrorCode::IoNotSupported, 5008),
             (ErrorCode::GpuEngineError, 5011),
-            (ErrorCode::SystemError, 5030),
+            (ErrorCode::SystemError, 5044),
             (ErrorCode::InternalError, 5030),
         ];
         assert_eq!(expect.len(), ErrorCode::ALL.len(), "a new p2plab-gds code");
@@ -366,10 +369,15 @@ mod tests {
             assert_eq!(OpError::from_gds(gds, 0) as i32, cufile, "{gds:?}");
             assert_eq!(OpError::from_gds_raw(gds as i32, 0) as i32, cufile);
         }
-        assert_eq!(
-            OpError::from_gds(ErrorCode::SystemError, libc::EACCES),
-            OpError::PermissionDenied
-        );
+        for (errno, want) in [
+            (libc::EACCES, OpError::PermissionDenied),
+            (libc::EPERM, OpError::PermissionDenied),
+            (libc::EBADF, OpError::InvalidValue),
+            (libc::ENOMEM, OpError::NomemError),
+            (libc::EIO, OpError::IoError),
+        ] {
+            assert_eq!(OpError::from_gds(ErrorCode::SystemError, errno), want);
+        }
         assert_eq!(OpError::from_gds_raw(4, 0), OpError::InternalError);
     }
 }

@@ -154,6 +154,7 @@ fn cufile_api_on_the_test_gpu() {
         assert_eq!(st.err, want, "type {type_}");
     }
     assert_eq!(register(-1).0.err, 5022);
+    assert_eq!(register(9999).0.err, 5022, "not an open fd (EBADF)");
     let dir_fd = std::fs::File::open(&dir).unwrap();
     assert_eq!(register(dir_fd.as_raw_fd()).0.err, 5018, "a directory");
     let (st, fh) = register(fd);
