@@ -51,7 +51,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use p2plab_ratelimit::log_limited;
-use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
+use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
@@ -286,18 +286,7 @@ fn prepare_dir(dir: &Path) -> io::Result<()> {
 /// Listens at `path`, 0600 from the bind on (the socket's inode gets the
 /// mode before bind creates the file).
 fn bind(path: &Path) -> io::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = bind_with_mode(path, 0o600)?;
+    let listener = bind_replacing_stale(path, 0o600)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }
