@@ -7,6 +7,12 @@ p2plab_kit::counters! {
         bytes_host_to_vram,
         /// Bytes copied from VRAM to guest memory (or a peer BAR).
         bytes_vram_to_host,
+        /// The part of `bytes_host_to_vram` that came from guest RAM (a
+        /// bounce through system memory, not peer-to-peer): what
+        /// `p2plab-ctl RUN provenance` looks for.
+        bytes_ram_to_vram,
+        /// The part of `bytes_vram_to_host` that went to guest RAM.
+        bytes_vram_to_ram,
         /// Bytes copied inside VRAM.
         bytes_vram_to_vram,
         /// Bytes written by fill commands.
@@ -53,7 +59,7 @@ mod tests {
         assert_eq!(object["bytes_host_to_vram"], 4096);
         assert_eq!(object["jobs_failed"], 2);
         assert_eq!(object["jobs_completed"], 0);
-        assert_eq!(object.len(), 16);
+        assert_eq!(object.len(), 18);
         assert!(object.values().all(serde_json::Value::is_u64));
     }
 }

@@ -11,7 +11,10 @@
 //! page, each memory BAR it exports (sealed memfd, size), then every
 //! change of the BAR's placement. The connecting side is the **user**: it
 //! checks what it gets, answers with its counter page, and keeps a peer
-//! window in its [`DmaSpace`] at the owner's bus address.
+//! window in its [`DmaSpace`] at the owner's bus address, if its DMA
+//! reaches that address (its routing table, [`PeerConfig::direct`]: under
+//! an IOMMU only peers below the same switch without ACS redirect are
+//! reached there; see [`route`]).
 //!
 //! The rules that keep DMA off stale placements: the owner learns of a
 //! BAR change from the guest's config write, before QEMU changes its
@@ -32,6 +35,7 @@
 #![deny(missing_docs)]
 
 pub mod memory;
+pub mod route;
 pub mod session;
 pub mod wire;
 
@@ -47,11 +51,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use p2plab_ratelimit::log_limited;
-use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
+use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
 pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory};
+pub use route::{DirectPeers, Route};
 pub use session::{Reply, SessionError, UserLink, UserSession};
 pub use wire::{BadFrame, Frame, FRAME, MAX_BAR};
 
@@ -84,6 +89,9 @@ pub struct PeerConfig {
     /// one run share one uid: the folder is 0700, so no other uid can
     /// reach a socket in it anyway.
     pub allowed_uids: Vec<u32>,
+    /// The peers whose BARs our DMA reaches at their bus addresses: we
+    /// place windows on those only (see [`route`]).
+    pub direct: DirectPeers,
 }
 
 impl PeerConfig {
@@ -105,6 +113,7 @@ impl PeerConfig {
             rescan: Duration::from_millis(200),
             max_peers: MAX_PEERS,
             allowed_uids: vec![current_uid()],
+            direct: DirectPeers::All,
         }
     }
 
@@ -277,18 +286,7 @@ fn prepare_dir(dir: &Path) -> io::Result<()> {
 /// Listens at `path`, 0600 from the bind on (the socket's inode gets the
 /// mode before bind creates the file).
 fn bind(path: &Path) -> io::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = bind_with_mode(path, 0o600)?;
+    let listener = bind_replacing_stale(path, 0o600)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }
@@ -773,10 +771,15 @@ fn connect(shared: &Arc<Shared>, path: PathBuf) {
         return;
     };
     lock(&shared.users).insert(path.clone(), clone);
-    info!(peer = %path.display(), "connected to peer");
+    let owner_id = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let route = shared.config.direct.route_to(&owner_id);
+    info!(peer = %path.display(), ?route, "connected to peer");
     let s = Arc::clone(shared);
     spawn_reader(shared, "peer-user", move || {
-        let mut session = UserSession::new(s.dma.clone());
+        let mut session = UserSession::with_route(s.dma.clone(), route);
         let end = loop {
             let (bytes, fds) = match recv_frame(&stream) {
                 Ok(got) => got,

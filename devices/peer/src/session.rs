@@ -26,6 +26,7 @@ use crate::memory::{
     counter_words, placement_word, verify_shared_fd, PeerMemory, ReadOnlyPage, WritablePage,
     REVOKED, SLOTS,
 };
+use crate::route::Route;
 use crate::wire::{Frame, FRAME, MAX_BAR, VERSION};
 use crate::Inbound;
 
@@ -105,6 +106,9 @@ struct PeerBar {
 /// Dropping it (or [`close`](Self::close)) removes every window it placed.
 pub struct UserSession {
     dma: DmaSpace,
+    /// Whether our DMA reaches this owner's BARs at their bus addresses
+    /// (else no window is placed: see [`Route::Translated`]).
+    route: Route,
     placements: Option<Arc<ReadOnlyPage>>,
     counters: Option<Arc<WritablePage>>,
     bars: HashMap<u32, PeerBar>,
@@ -115,15 +119,29 @@ impl std::fmt::Debug for UserSession {
         f.debug_struct("UserSession")
             .field("hello", &self.placements.is_some())
             .field("bars", &self.bars.len())
+            .field("route", &self.route)
             .finish()
     }
 }
 
 impl UserSession {
-    /// A session placing the owner's BARs in `dma`.
+    /// A session placing the owner's BARs in `dma` at their bus
+    /// addresses (no IOMMU between us, or one switch without ACS
+    /// redirect).
     pub fn new(dma: DmaSpace) -> Self {
+        Self::with_route(dma, Route::BusAddress)
+    }
+
+    /// A session for an owner our DMA reaches as `route` says. With
+    /// [`Route::Translated`] every frame and fd is checked and every
+    /// placement acknowledged as with [`Route::BusAddress`], but no window
+    /// is placed: a DMA to the BAR's bus address faults as it would at the
+    /// IOMMU, and the IOVAs the guest maps for the BAR are served by
+    /// message.
+    pub fn with_route(dma: DmaSpace, route: Route) -> Self {
         Self {
             dma,
+            route,
             placements: None,
             counters: None,
             bars: HashMap::new(),
@@ -247,6 +265,18 @@ impl UserSession {
             }
         }
         b.last_seq = seq;
+        if self.route == Route::Translated {
+            // Nothing to place: no window can serve this BAR (and none
+            // was ever placed, so none has to wait for accesses).
+            b.memory.set_applied(seq);
+            debug!(
+                bar,
+                ?addr,
+                seq,
+                "peer BAR placed (reached through the IOMMU: no window)"
+            );
+            return Ok(());
+        }
         let stuck = |e: DmaError| SessionError::Stuck(format!("BAR {bar}: {e}"));
         let dma = &self.dma;
         match (b.window, addr) {

@@ -38,6 +38,7 @@ fn config(dir: &Path, id: &str) -> PeerConfig {
         rescan: Duration::from_millis(20),
         max_peers: MAX_PEERS,
         allowed_uids: vec![current_uid()],
+        direct: DirectPeers::All,
     }
 }
 
@@ -818,6 +819,69 @@ fn guest_ram_mapped_over_a_placed_window_wins_and_the_next_placement_comes_back(
     assert_eq!(&seen, b"gpu");
     assert_eq!(gpu.users(), 1, "the user stayed connected throughout");
     drop(nvme);
+    drop(gpu);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Catches: a user that places a window for a peer its routing table says
+/// is reached through the IOMMU (a DMA to that BAR's bus address would then
+/// land in the peer, where real hardware sends it to the IOMMU, which
+/// faults it), one that leaves such an owner's placements unacknowledged
+/// (the owner's BAR write would wait out the ACK timeout and cut the user
+/// off), and one that stops placing the peer it does reach directly.
+#[test]
+fn only_peers_the_routing_table_reaches_directly_get_a_window() {
+    let dir = temp_dir();
+    let (gpu, vram) = owner(&dir, "gpu0");
+    let (cmb, _cmb_memory) = owner(&dir, "nvme1");
+    let dma = DmaSpace::new();
+    let mut routed = config(&dir, "nvme0");
+    routed.direct = DirectPeers::parse("gpu0").unwrap();
+    let nvme = PeerRegistry::start(routed, dma.clone(), vec![]).unwrap();
+    wait_for("every connection", || {
+        nvme.owners() == 2 && gpu.users() == 2 && cmb.users() == 2
+    });
+
+    let started = Instant::now();
+    cmb.set_placement(2, Some(PLACE_B));
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "acknowledged at once, not waited out ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(cmb.users(), 2, "no user was cut off");
+    gpu.set_placement(2, Some(PLACE_A));
+    assert_eq!(dma.peer_windows(), vec![(PLACE_A, BAR_SIZE)]);
+    assert!(matches!(dma.classify(PLACE_A, 4096), DmaTarget::Peer(_)));
+
+    // The translated peer's bus address faults, as at the IOMMU.
+    assert_eq!(dma.classify(PLACE_B, 4096), DmaTarget::Unmapped);
+    assert!(matches!(
+        dma.write(PLACE_B, &[1; 8]),
+        Err(DmaError::Unmapped { .. })
+    ));
+    // The IOVA the guest maps for that BAR comes from QEMU without an fd:
+    // served by message, never by a window.
+    let iova = 0x7000_0000;
+    dma.map_message_only(iova, 4096, Perms::READ_WRITE).unwrap();
+    assert_eq!(dma.classify(iova, 4096), DmaTarget::MessageOnly);
+
+    // The direct peer is served by its window, and moves are followed
+    // for both (the translated one still acknowledges at once).
+    dma.write(PLACE_A, &[7; 16]).unwrap();
+    let mut seen = [0u8; 16];
+    vram.read_exact_at(&mut seen, 0).unwrap();
+    assert_eq!(seen, [7; 16]);
+    let started = Instant::now();
+    cmb.set_placement(2, Some(PLACE_B + BAR_SIZE));
+    assert!(started.elapsed() < Duration::from_millis(400));
+    assert_eq!(cmb.users(), 2);
+    gpu.set_placement(2, Some(PLACE_A + BAR_SIZE));
+    assert_eq!(dma.peer_windows(), vec![(PLACE_A + BAR_SIZE, BAR_SIZE)]);
+    assert_eq!(cmb.inbound(2), Inbound::default());
+    assert_eq!(gpu.inbound(2).written, 16);
+    drop(nvme);
+    drop(cmb);
     drop(gpu);
     let _ = std::fs::remove_dir_all(&dir);
 }

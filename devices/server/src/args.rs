@@ -90,13 +90,22 @@ pub struct ServerArgs {
 
     /// Zero-copy DMA into other p2plab servers' BARs (`on`, `off`): share
     /// BAR memory with the servers whose sockets are in `peers/` beside
-    /// --socket. Use `off` when addresses are translated (a vIOMMU): DMA
-    /// to peers then goes through QEMU by message.
+    /// --socket. With `off`, DMA to peers goes through QEMU by message.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
           action = clap::ArgAction::Set,
           display_order = AFTER_DEVICE_FLAGS + 12)]
     pub peer_path: bool,
 
+    /// The peers whose BARs this device's DMA reaches at their bus
+    /// addresses: `all` (no IOMMU: the root complex routes any peer
+    /// address), `none`, or server ids (`gpu0,nvme1`). Behind a vIOMMU,
+    /// the peers below the same PCIe switch with no ACS redirect on the
+    /// path: a switch routes those directly, every other address goes to
+    /// the IOMMU (an IOVA). The lab derives it from the topology.
+    #[arg(long, value_name = "all|none|ID,..", default_value = "all",
+          value_parser = p2plab_peer::DirectPeers::parse,
+          display_order = AFTER_DEVICE_FLAGS + 15)]
+    pub direct_peers: p2plab_peer::DirectPeers,
     /// Also open a control socket for the guest at PATH (mode 0600), for
     /// QEMU to connect a virtio-serial port to (`scripts/run-vm
     /// --guest-control`). Off unless given. The guest may ask for status,
@@ -225,7 +234,9 @@ impl ServerArgs {
             tracing::info!("peer path off: DMA to peer BARs goes through the client");
             return Ok(None);
         }
-        let config = p2plab_peer::PeerConfig::beside(&self.socket);
+        let mut config = p2plab_peer::PeerConfig::beside(&self.socket);
+        config.direct = self.direct_peers.clone();
+        tracing::info!(direct_peers = %config.direct, "peer routing: these peers' BARs are reached at their bus addresses");
         let dir = config.dir.clone();
         let registry =
             p2plab_peer::PeerRegistry::start(config, dma.clone(), exports).map_err(|e| {
@@ -364,6 +375,32 @@ mod tests {
             .to_string();
         assert!(
             err.contains("--peer-path") && err.contains("maybe"),
+            "{err}"
+        );
+    }
+
+    /// Catches: a routing table that does not reach the peer registry's
+    /// parser (a bad value taken silently, or refused without naming the
+    /// flag), or a default other than `all` (every topology without a
+    /// vIOMMU relies on it).
+    #[test]
+    fn direct_peers_defaults_to_all_and_names_a_bad_value() {
+        let parse = |v: &str| {
+            DeviceArgs::try_parse_from(["dev", "--socket", "s", "--direct-peers", v])
+                .map(|a| a.server.direct_peers)
+        };
+        let bare = DeviceArgs::try_parse_from(["dev", "--socket", "s"]).unwrap();
+        assert_eq!(bare.server.direct_peers, p2plab_peer::DirectPeers::All);
+        let table = parse("nvme1,gpu0").unwrap();
+        assert_eq!(table.route_to("gpu0"), p2plab_peer::Route::BusAddress);
+        assert_eq!(table.route_to("nvme2"), p2plab_peer::Route::Translated);
+        assert_eq!(
+            parse("none").unwrap().route_to("gpu0"),
+            p2plab_peer::Route::Translated
+        );
+        let err = parse("gpu0,,x").unwrap_err().to_string();
+        assert!(
+            err.contains("--direct-peers") && err.contains("gpu0,,x"),
             "{err}"
         );
     }

@@ -11,6 +11,8 @@
 //! - [`log_limited!`] for log lines a guest or client can trigger at will,
 //! - the control sockets ([`control`]) that `p2plab-ctl` talks to: the
 //!   host's, and the guest's when asked for,
+//! - marks of a run's counters and the provenance verdict built on them
+//!   ([`provenance`]: did a GPU's data bounce through guest RAM?),
 //! - the `main` skeleton: order of setup, error reporting and exit codes,
 //! - the PCI identity flags ([`PciIdArgs`]),
 //! - serving a device built from p2plab-kit ([`serve_device`]): the peer
@@ -43,6 +45,7 @@
 //!
 //! ```text
 //! serve       -> args, control, device, process                  (serve_device)
+//! provenance  -> control                                        (marks, the verdict)
 //! process     -> args, counters, logging, signals, stats_file, usage
 //! device      -> control                                        (a device's stats and verbs)
 //! signals     -> counters                                       (signal thread)
@@ -63,6 +66,7 @@ pub mod device;
 mod logging;
 mod pci_ids;
 mod process;
+pub mod provenance;
 mod serve;
 mod signals;
 mod stats_file;

@@ -42,9 +42,11 @@ pub fn idle_poll<R>(spin: impl FnOnce() -> R) -> R {
     result
 }
 
-/// `{"cpu_user_us", "cpu_system_us", "idle_poll_cpu_us", "max_rss_kib"}`
-/// of this process so far: `getrusage(RUSAGE_SELF)` (every thread, live
-/// and ended), and the part of that CPU time spent in [`idle_poll`].
+/// `{"pid", "cpu_user_us", "cpu_system_us", "idle_poll_cpu_us",
+/// "max_rss_kib"}` of this process so far: its pid (which tells two
+/// replies of one server from replies across a restart),
+/// `getrusage(RUSAGE_SELF)` (every thread, live and ended), and the part
+/// of that CPU time spent in [`idle_poll`].
 pub fn process_usage() -> Value {
     // SAFETY: `rusage` is plain data, for which all-zero is valid.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -60,6 +62,7 @@ pub fn process_usage() -> Value {
             .saturating_add(u64::try_from(t.tv_usec).unwrap_or(0))
     };
     json!({
+        "pid": std::process::id(),
         "cpu_user_us": micros(usage.ru_utime),
         "cpu_system_us": micros(usage.ru_stime),
         "idle_poll_cpu_us": IDLE_POLL_CPU_NS.load(Ordering::Relaxed) / 1000,

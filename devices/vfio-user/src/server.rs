@@ -130,20 +130,7 @@ impl Server {
             path: path.clone(),
             source,
         };
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => {
-                std::fs::remove_file(path).map_err(sock_err)?;
-            }
-            Ok(_) => {
-                return Err(sock_err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "path exists and is not a socket",
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(sock_err(e)),
-        }
-        let listener = bind_with_mode(path, self.config.socket_mode).map_err(sock_err)?;
+        let listener = bind_replacing_stale(path, self.config.socket_mode).map_err(sock_err)?;
         info!(
             socket = %path.display(),
             mode = format_args!("{:#o}", self.config.socket_mode),
@@ -346,6 +333,24 @@ pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
         return Err(io::Error::last_os_error());
     }
     Ok(cred.uid)
+}
+
+/// [`bind_with_mode`] at `path` after removing a stale socket file there
+/// (a server that died leaves one); any other file at `path` is left
+/// alone and refused. Every listening socket of p2plab binds through here.
+pub fn bind_replacing_stale(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    bind_with_mode(path, mode)
 }
 
 /// Binds a listening unix socket at `path` whose file has exactly `mode`.

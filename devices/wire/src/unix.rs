@@ -10,7 +10,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use p2plab_ratelimit::log_limited;
-use p2plab_vfio_user::server::{bind_with_mode, current_uid, peer_uid};
+use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 
 use crate::transport::{Arrival, Transport};
 
@@ -35,18 +35,7 @@ impl UnixTransport {
     /// `bind` creates the file, so no umask ever makes it wider, not even
     /// for an instant.
     pub fn listen(path: &Path, allowed_uids: &[u32]) -> io::Result<Self> {
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a socket", path.display()),
-                ))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = bind_with_mode(path, SOCKET_MODE)?;
+        let listener = bind_replacing_stale(path, SOCKET_MODE)?;
         listener.set_nonblocking(true)?;
         Ok(Self {
             side: Side::Listen(listener),

@@ -207,6 +207,51 @@ impl Repo {
     }
 }
 
+impl Repo {
+    /// What [`Repo::page_problems`] finds in a crate's README, plus its
+    /// crate-relative paths: the first word of an inline code span that
+    /// starts with one of the crate's own entries (`src/...`,
+    /// `tests/...`, `guest-driver/...`: any folder or file next to the
+    /// README) is checked against the README's folder.
+    pub fn crate_readme_problems(&self, readme: &Path, text: &str) -> Vec<String> {
+        let mut problems = self.page_problems(readme, text);
+        let folder = readme.parent().unwrap_or(Path::new(""));
+        let own: BTreeSet<String> = fs::read_dir(self.root.join(folder))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let crate_relative = |word: &str| match word.split_once('/') {
+            Some((first, rest)) => !rest.is_empty() && own.contains(first),
+            None => false,
+        };
+        for p in markdown::paragraphs(text) {
+            for span in markdown::code_spans(&p.text) {
+                let Some(word) = span.content.split_whitespace().next() else {
+                    continue;
+                };
+                let word = word.trim_end_matches([',', ';', ':', ')']);
+                if self.names_path(word) || !crate_relative(word) {
+                    continue;
+                }
+                let path = format!("{}/{word}", folder.display());
+                if let Err(e) = self.check_path(&path) {
+                    problems.push(format!(
+                        "{}:{}: `{}`: {e}",
+                        readme.display(),
+                        p.line_at(span.offset),
+                        span.content
+                    ));
+                }
+            }
+        }
+        problems
+    }
+}
+
 /// `https:`, `mailto:`, `chrome:`...: a scheme before any `/`, `#` or `.`.
 fn has_scheme(target: &str) -> bool {
     match target.split_once(':') {

@@ -19,6 +19,16 @@ run() {
   echo "${FS^^}_${name^^}_STATUS=$?"
 }
 
+# cf NAME ARGS...: one cufile-gds-cases run (a program written against
+# cuFile's documentation), its facts as ${FS^^}_CF_NAME_*; CF_ENV may set
+# the library's environment.
+cf() {
+  local name=$1; shift
+  env ${CF_ENV:-} cufile-gds-cases "$@" > $out/$FS-cf-$name.txt 2> $out/$FS-cf-$name.err
+  echo "${FS^^}_CF_${name^^}_STATUS=$?"
+  sed "s/^CF_/${FS^^}_CF_${name^^}_/" $out/$FS-cf-$name.txt
+}
+
 phase() {
   FS=$1
   case $FS in
@@ -34,6 +44,7 @@ phase() {
   dd if=/dev/urandom of=$m/sparse bs=1M seek=4 count=4 conv=notrunc status=none
   head -c 10000 /dev/urandom > $m/log
   head -c 8192 /dev/urandom > $m/log2
+  head -c 10000 /dev/urandom > $m/cf-log
   sync
 
   run aligned_read read --file $m/data --size 32M --io-size 1M --threads 2 --verify
@@ -52,16 +63,29 @@ phase() {
   p2plab-gds-read-verify $m/data 4194304 > $out/$FS-c.txt 2>&1
   echo "${FS^^}_C_STATUS=$?"
   sed "s/^C_/${FS^^}_C_/" $out/$FS-c.txt
+  # The same cases through cuFile's API (libcufile.so): FILE SIZE
+  # FILE_OFFSET DEVPTR_OFFSET [SEED].
+  cf aligned_read read $m/data 4194304 1048576 65536
+  cf aligned_write write $m/cf-new 4194304 0 0 5
+  cf unaligned_file read $m/data 1048576 1000 0
+  cf unaligned_gpu read $m/data 1048576 0 1
+  cf sparse read $m/sparse 16777216 0 0
+  cf short read $m/short 1048576 0 0
+  cf append write $m/cf-log 5000 10000 0 9
+  CF_ENV=P2PLAB_GDS_FORCE_COMPAT=1 cf forced read $m/data 1048576 0 0
   if [ $FS = ext4 ]; then
     # data=journal: O_DIRECT is accepted at open but statx says it would
     # go through the page cache.
     umount $m && mount -t ext4 -o data=journal $ns $m
     echo "EXT4_JOURNAL_MOUNT=$?"
     run journal read --file $m/data --size 2M --verify
+    cf journal read $m/data 2097152 0 0
   fi
   umount $m; echo "${FS^^}_UMOUNT=$?"
 }
 
+cufile-gds-cases info > $out/cf-info.txt 2>&1; echo "CF_INFO_STATUS=$?"
+sed "s/^CF_/CF_INFO_/" $out/cf-info.txt
 phase ext4
 phase xfs
 # A file on tmpfs: no PCI device behind it.

@@ -24,6 +24,10 @@ run write write --file $m/new --size 4M --io-size 1M --verify
 p2plab-gds-read-verify $m/data 1048576 > $out/$FS-c.txt 2>&1
 echo "EXT4_C_STATUS=$?"
 sed "s/^C_/EXT4_C_/" $out/$FS-c.txt
+# The same refusal through cuFile's API (libcufile.so).
+cufile-gds-cases read $m/data 1048576 0 0 > $out/$FS-cf.txt 2> $out/$FS-cf.err
+echo "EXT4_CF_STATUS=$?"
+sed "s/^CF_/EXT4_CF_/" $out/$FS-cf.txt
 echo "REFUSED_DMESG=$(dmesg | grep -c 'cannot be used for peer-to-peer DMA')"
 umount $m
 exit 0

@@ -13,7 +13,9 @@
 //! and on kernel warnings; `separate_root_ports_run_in_compat_mode` fails
 //! when P2P is attempted across a non-whitelisted host bridge (the NVMe
 //! server must count zero peer DMA bytes) or the refusal comes without its
-//! reason.
+//! reason. Both also run the cases through cuFile's API
+//! (`cufile-gds-cases`, written against cuFile's documentation and linked
+//! with p2plab's libcufile.so): the same paths, reasons and bytes.
 
 mod common;
 
@@ -67,6 +69,107 @@ fn verified(v: &Value, bytes: u64) {
 
 fn details(v: &Value) -> String {
     v["details"].to_string()
+}
+
+/// One `cufile-gds-cases` run (a program written against cuFile's
+/// documentation, linked with libcufile.so), from its facts.
+struct CufileCase {
+    ret: u64,
+    path: String,
+    p2p: u64,
+    compat: u64,
+    reasons: String,
+    p2p_errno: u64,
+    eof: u64,
+    detail: String,
+}
+
+/// The run under `prefix` (e.g. EXT4_CF_SPARSE) exited 0 and its bytes
+/// verified: the GPU buffer equals the file range (reads), the file range
+/// equals what the GPU buffer held (writes).
+fn cufile_case(run: &GuestRun, prefix: &str) -> CufileCase {
+    let f = |key: &str| run.fact(&format!("{prefix}_{key}")).to_owned();
+    assert_eq!(f("STATUS"), "0", "{prefix}: {}", f("DETAIL"));
+    assert_eq!(f("VERIFY"), "ok", "{prefix}");
+    let n = |key: &str| run.fact_u64(&format!("{prefix}_{key}"));
+    CufileCase {
+        ret: n("RET"),
+        path: f("PATH"),
+        p2p: n("P2P_BYTES"),
+        compat: n("COMPAT_BYTES"),
+        reasons: f("REASONS"),
+        p2p_errno: n("P2P_ERRNO"),
+        eof: n("EOF"),
+        detail: f("DETAIL"),
+    }
+}
+
+/// The cuFile program's cases on one file system, as p2plab-gdsio's:
+/// returns (P2P bytes read into the GPU, P2P bytes written from it).
+///
+/// Would catch: cuFile's 5-argument read/write applying devPtr_offset or
+/// file_offset wrongly (the verification compares the bytes), a cuFile
+/// layer that loses P2P (path and byte counts) or the reasons of a
+/// fallback, short reads that are not short, appends in the wrong place.
+fn check_cufile_cases(run: &GuestRun, fs: &str, align: u64) -> (u64, u64) {
+    let up = fs.to_uppercase();
+    let case = |name: &str| cufile_case(run, &format!("{up}_CF_{}", name.to_uppercase()));
+    let (mut p2p_read, mut p2p_written) = (0, 0);
+
+    let c = case("aligned_read");
+    assert_eq!((c.ret, c.path.as_str()), (4 * MIB, "p2p"), "{}", c.detail);
+    assert_eq!((c.p2p, c.compat, c.reasons.as_str()), (4 * MIB, 0, ""));
+    p2p_read += c.p2p;
+
+    let c = case("aligned_write");
+    assert_eq!((c.ret, c.path.as_str()), (4 * MIB, "p2p"), "{}", c.detail);
+    assert_eq!((c.p2p, c.compat), (4 * MIB, 0));
+    p2p_written += c.p2p;
+
+    let c = case("unaligned_file");
+    assert_eq!(
+        (c.path.as_str(), c.compat, c.reasons.as_str()),
+        ("compat", MIB, "alignment")
+    );
+    assert!(c.detail.contains("file offset 1000"), "{}", c.detail);
+
+    let c = case("unaligned_gpu");
+    assert_eq!(
+        (c.path.as_str(), c.compat, c.reasons.as_str()),
+        ("compat", MIB, "alignment")
+    );
+    assert!(c.detail.contains("GPU address"), "{}", c.detail);
+
+    let c = case("sparse");
+    assert_eq!((c.path.as_str(), c.reasons.as_str()), ("mixed", "sparse"));
+    assert_eq!((c.p2p, c.compat), (4 * MIB, 12 * MIB));
+    p2p_read += c.p2p;
+
+    let c = case("short");
+    assert_eq!((c.ret, c.eof, c.reasons.as_str()), (10_000, 1, "eof_tail"));
+    let head = 10_000 / align * align;
+    assert_eq!((c.p2p, c.compat), (head, 10_000 - head));
+    p2p_read += c.p2p;
+
+    let c = case("append");
+    assert_eq!(
+        (c.ret, c.path.as_str(), c.reasons.as_str()),
+        (5000, "compat", "append")
+    );
+
+    let c = case("forced");
+    assert_eq!((c.path.as_str(), c.reasons.as_str()), ("compat", "forced"));
+    assert_eq!(c.compat, MIB);
+
+    if fs == "ext4" {
+        let c = case("journal");
+        assert_eq!(
+            (c.path.as_str(), c.reasons.as_str()),
+            ("compat", "fs_no_direct_io")
+        );
+        assert_eq!(c.compat, 2 * MIB);
+    }
+    (p2p_read, p2p_written)
 }
 
 /// Checks one file system's runs; returns (P2P bytes read into the GPU,
@@ -236,6 +339,9 @@ fn check_file_system(run: &GuestRun, fs: &str) -> (u64, u64) {
         run.fact(&format!("{up}_C_FILE_CRC")),
     );
     p2p_read += run.fact_u64(&format!("{up}_C_P2P_BYTES"));
+    let (r, w) = check_cufile_cases(run, fs, align);
+    p2p_read += r;
+    p2p_written += w;
     if fs == "ext4" {
         run.expect("EXT4_JOURNAL_MOUNT", "0");
         let v = gdsio(run, fs, "journal");
@@ -265,6 +371,13 @@ fn gds_on_ext4_and_xfs_in_the_lab() {
         p2p_read += r;
         p2p_written += w;
     }
+    // The cuFile library's version and properties.
+    run.expect("CF_INFO_STATUS", "0");
+    run.expect("CF_INFO_VERSION", "1090");
+    run.expect("CF_INFO_NVME_SUPPORTED", "1");
+    run.expect("CF_INFO_ALLOW_COMPAT", "1");
+    run.expect("CF_INFO_PER_BUFFER_CACHE_KB", "4096");
+
     let v = gdsio(&run, "tmpfs", "read");
     assert_eq!(v["fs_type"], "tmpfs", "{v}");
     assert_eq!(v["path"], "compat", "{v}");
@@ -336,6 +449,14 @@ fn separate_root_ports_run_in_compat_mode() {
     run.expect("EXT4_C_PATH", "compat");
     run.expect("EXT4_C_REASONS", "64");
     run.expect("EXT4_C_VERIFY", "ok");
+    // Through cuFile's API: the same fallback, reason and errno.
+    let c = cufile_case(&run, "EXT4_CF");
+    assert_eq!(
+        (c.ret, c.path.as_str(), c.reasons.as_str()),
+        (MIB, "compat", "topology")
+    );
+    assert_eq!((c.p2p, c.compat), (0, MIB));
+    assert_eq!(c.p2p_errno, libc::EINVAL as u64, "{}", c.detail);
 
     assert!(run.fact_u64("REFUSED_DMESG") >= 1, "the kernel says why");
     let nvme = stats(&run, "nvme0");

@@ -10,19 +10,33 @@
 //! | `acs_redirect_in_the_switch_refuses_p2p` | `same-switch-acs` | ACS redirect → through the host bridge → not whitelisted → refused (EINVAL) |
 //! | `acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge` | `same-switch-acs` + `-cpu EPYC` | ACS redirect → through the host bridge → AMD family ≥ 0x17 → allowed |
 //! | `zen_host_bridge_allows_p2p_between_root_ports` | `separate-root-ports-zen` | no common bridge → through the host bridge → AMD family ≥ 0x17 → allowed |
-//! | `viommu_maps_ram_through_iovas_and_p2p_by_bus_address` | `viommu` | same switch, no ACS → bus address (bypasses the IOMMU) |
+//! | `viommu_routes_p2p_by_switch_and_ram_through_iovas` | `viommu` | same switch, no ACS → bus address (a switch routes it past the IOMMU) |
+//! | `viommu_with_acs_and_an_intel_vcpu_refuses_p2p` | `viommu-acs` | vIOMMU turns ACS redirect on → through the host bridge → not whitelisted → refused |
+//! | `amd_iommu_with_acs_maps_p2p_through_the_iommu` | `viommu-amd` | vIOMMU turns ACS redirect on → through the host bridge → AMD Zen → IOVAs |
 //!
 //! Same switch without ACS (`lab`) and separate root ports under an Intel
 //! vCPU (`separate-root-ports`) are checked by the `p2p` suite.
+//!
+//! Under each vIOMMU topology the P2P phases (fio verify NVMe <-> GPU
+//! through p2pmem and NVMe <-> NVMe through a CMB, a CMB copy, a bounce
+//! through guest RAM, a raw bus-address DMA) run between marks the host
+//! takes with `p2plab-ctl RUN mark`, so each phase's counters are its own,
+//! and `p2plab-ctl RUN provenance` judges the GPU's: real P2P passes, the
+//! bounce fails.
 //!
 //! Each test's header names the broken device or kernel decision it
 //! catches.
 
 mod common;
 
-use common::{counter, run_guest, stats, Boot, GuestRun};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{counter, run_guest, run_guest_with, stats, Boot, GuestRun};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
-use p2plab_lab::GuestScript;
+use p2plab_lab::{GuestScript, Lab};
+use p2plab_server::provenance::Mark;
+use serde_json::Value;
 
 /// A topologies guest script with the prelude and phases it sources
 /// (`guest/lib/topologies.sh`: what every topology reports, `n2g`,
@@ -71,7 +85,7 @@ fn count(lines: &[KernelLine], pattern: &str) -> usize {
 
 /// P2PDMA refusals and redirect warnings the kernel prints for a pair.
 const REFUSED: &str = "cannot be used for peer-to-peer DMA*";
-const ACS_REDIRECT: &str = "ACS redirect is set between the client and provider*";
+const ACS_REDIRECT_LINE: &str = "ACS redirect is set between the client and provider*";
 const NOT_WHITELISTED: &str = "Host bridge not in P2PDMA whitelist*";
 
 /// `same-switch-acs` with P2P Request Redirect on both downstream ports
@@ -118,7 +132,7 @@ fn acs_redirect_in_the_switch_refuses_p2p() {
     // is not whitelisted (8086:29c0) for an Intel CPU: refused.
     let lines = kernel_lines(&run);
     assert_eq!(count(&lines, "*Configured ACS to 0x0004"), 2);
-    assert!(count(&lines, &format!("{ACS_REDIRECT}({gpu})")) >= 1);
+    assert!(count(&lines, &format!("{ACS_REDIRECT_LINE}({gpu})")) >= 1);
     assert!(
         count(&lines, "*pci=disable_acs_redir=0000:02:01.0;0000:02:00.0") >= 1,
         "the kernel names both redirecting ports"
@@ -177,7 +191,7 @@ fn acs_redirect_with_a_zen_vcpu_goes_through_the_host_bridge() {
 
     // The kernel reports the redirect, and does not refuse the pair.
     let lines = kernel_lines(&run);
-    assert!(count(&lines, &format!("{ACS_REDIRECT}({gpu})")) >= 1);
+    assert!(count(&lines, &format!("{ACS_REDIRECT_LINE}({gpu})")) >= 1);
     assert_eq!(count(&lines, REFUSED), 0);
     assert_eq!(count(&lines, NOT_WHITELISTED), 0);
 
@@ -225,7 +239,7 @@ fn zen_host_bridge_allows_p2p_between_root_ports() {
     // whitelist message (those come only from a refused or redirected pair).
     let lines = kernel_lines(&run);
     assert_eq!(count(&lines, REFUSED), 0);
-    assert_eq!(count(&lines, ACS_REDIRECT), 0);
+    assert_eq!(count(&lines, ACS_REDIRECT_LINE), 0);
     assert_eq!(count(&lines, NOT_WHITELISTED), 0);
 
     // NVMe → GPU: every byte verified in VRAM by the GPU's engine.
@@ -261,23 +275,282 @@ fn assert_peer_path_bytes(run: &GuestRun, written: u64, read: u64) {
     assert_eq!(counter(&gpu, "peer_inbound_read_bytes"), read, "{gpu}");
 }
 
-/// `viommu`: the `lab` switch behind intel-iommu (caching-mode=on), the
-/// guest with `intel_iommu=on iommu.strict=1`. RAM DMA uses IOVAs that the
-/// guest maps and unmaps around every I/O; the servers follow each
-/// DMA_MAP/DMA_UNMAP. The pair shares a switch whose downstream ports have
-/// no ACS, so the kernel maps P2P by bus address (it bypasses the IOMMU, as
-/// a real switch routes the request straight to the peer). QEMU 11.1 has no
-/// peer routing in its switch: a device's DMA goes through the IOMMU's
-/// address space, where the GPU BAR's bus address is no IOVA, so the NVMe
-/// server faults it (Data Transfer Error, EIO after Linux's retries).
-/// Catches: a server that loses track of IOVA maps/unmaps (the RAM round
-/// trips), a kernel that picks the IOMMU path for this pair (the device
-/// would see IOVAs, not addresses inside BAR2), a server that writes to a
-/// bus address nobody mapped, and a failure that is not reported as the
-/// NVMe Data Transfer Error on every attempt.
+/// A vIOMMU guest script: the topologies prelude plus the P2P phases
+/// (`guest/lib/viommu.sh`).
+fn viommu_script(name: &str, text: &str) -> GuestScript {
+    topologies_script(name, text).lib("viommu.sh", include_str!("../guest/lib/viommu.sh"))
+}
+
+/// The P2P phases of `p2p_phases` (guest/lib/viommu.sh), in order.
+const PHASES: [&str; 5] = ["n2g_fio", "cmb_fio", "cmb_copy", "bounce", "bus_route"];
+/// How long one phase may take under TCG.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+const MIB16: u64 = 16 << 20;
+
+/// The host side of the guest's `phase`: `p2plab-ctl RUN mark` before
+/// (NAME-start) and after (NAME-end) each phase, kept in the run folder's
+/// `marks/`.
+fn mark_phases(lab: &mut Lab) {
+    let ctl = lab
+        .paths
+        .server_binary("p2plab-ctl")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    for name in PHASES {
+        for (guest, mark, reply) in [("ready", "start", "marked"), ("done", "end", "measured")] {
+            lab.wait_guest_file(&format!("{guest}-{name}"), PHASE_TIMEOUT)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let out = Command::new(&ctl)
+                .arg(&lab.run_dir)
+                .arg("mark")
+                .arg(format!("{name}-{mark}"))
+                .output()
+                .expect("running p2plab-ctl");
+            assert!(
+                out.status.success(),
+                "p2plab-ctl mark {name}-{mark}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            lab.write_guest_file(&format!("{reply}-{name}"), "")
+                .expect("signalling the guest");
+        }
+    }
+}
+
+/// The two marks around one phase.
+struct Phase {
+    start: Mark,
+    end: Mark,
+}
+
+impl Phase {
+    fn of(run: &GuestRun, name: &str) -> Phase {
+        let dir = run.run_dir().join("marks");
+        let load = |which: &str| {
+            Mark::load(&dir, &format!("{name}-{which}")).unwrap_or_else(|e| panic!("{e:#}"))
+        };
+        Phase {
+            start: load("start"),
+            end: load("end"),
+        }
+    }
+
+    /// How much counter `key` of server `id` grew during the phase.
+    fn delta(&self, id: &str, key: &str) -> u64 {
+        let (Some(a), Some(b)) = (self.start.counter(id, key), self.end.counter(id, key)) else {
+            panic!("no counter {key} of {id} in the marks {}", self.start.name);
+        };
+        b.checked_sub(a)
+            .unwrap_or_else(|| panic!("{id} {key} went back: {a} -> {b}"))
+    }
+}
+
+/// `p2plab-ctl RUN provenance --json` over one phase's marks: the exit
+/// status and the answer.
+fn provenance(run: &GuestRun, name: &str) -> (i32, Value) {
+    let ctl = p2plab_lab::LabPaths::discover()
+        .and_then(|p| p.server_binary("p2plab-ctl"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let out = Command::new(ctl)
+        .arg(run.run_dir())
+        .args(["--json", "provenance", "--since"])
+        .arg(format!("{name}-start"))
+        .arg("--until")
+        .arg(format!("{name}-end"))
+        .output()
+        .expect("running p2plab-ctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "provenance of {name}: {e}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), answer)
+}
+
+/// How the P2P phases' bytes must have travelled on a topology.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path2p {
+    /// A switch routes them: the servers' peer windows (zero-copy).
+    Switch,
+    /// Through the root complex and the IOMMU: messages through QEMU.
+    Iommu,
+}
+
+/// What every vIOMMU topology that allows P2P must show for the phases:
+/// the data verified, the kernel's map type, each phase's bytes on
+/// `path` and nowhere else, the bounce seen as a bounce, and the raw
+/// bus-address DMA routed (switch) or faulted (IOMMU).
+fn check_p2p_phases(run: &GuestRun, path: Path2p) {
+    let (peer, message) = match path {
+        Path2p::Switch => ("dma_peer", "dma_message"),
+        Path2p::Iommu => ("dma_message", "dma_peer"),
+    };
+    let to_peer = match path {
+        Path2p::Switch => MAP_BUS_ADDR,
+        Path2p::Iommu => MAP_THRU_HOST_BRIDGE,
+    };
+
+    // NVMe <-> GPU through p2pmem: fio wrote 16 MiB from VRAM and read it
+    // back into VRAM, crc32c checked in every 4 KiB.
+    run.expect("N2G_FIO_STATUS", "0");
+    run.expect("N2G_FIO_ERROR", "0");
+    assert_eq!(run.fact_u64("N2G_FIO_WRITE_BYTES"), MIB16);
+    assert_eq!(run.fact_u64("N2G_FIO_READ_BYTES"), MIB16);
+    run.expect("N2G_FIO_MAP_TYPES", to_peer);
+    let p = Phase::of(run, "n2g_fio");
+    assert_eq!(p.delta("nvme0", &format!("{peer}_read_bytes")), MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{peer}_write_bytes")), MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{message}_read_bytes")), 0);
+    assert_eq!(p.delta("nvme0", &format!("{message}_write_bytes")), 0);
+    let inbound = if path == Path2p::Switch { MIB16 } else { 0 };
+    assert_eq!(p.delta("gpu0", "peer_inbound_write_bytes"), inbound);
+    assert_eq!(p.delta("gpu0", "peer_inbound_read_bytes"), inbound);
+    assert_eq!(p.delta("gpu0", "bytes_ram_to_vram"), 0);
+    let (code, answer) = provenance(run, "n2g_fio");
+    assert_eq!(code, 0, "real P2P passes: {answer}");
+    assert_eq!(answer["pass"], true, "{answer}");
+    assert_eq!(answer["bounced_bytes"], 0, "{answer}");
+    assert!(
+        answer["p2p_bytes"].as_u64().unwrap_or(0) >= 2 * MIB16,
+        "{answer}"
+    );
+
+    // NVMe <-> NVMe through nvme1's CMB.
+    run.expect("CMB_FIO_STATUS", "0");
+    run.expect("CMB_FIO_ERROR", "0");
+    assert_eq!(run.fact_u64("CMB_FIO_WRITE_BYTES"), MIB16);
+    assert_eq!(run.fact_u64("CMB_FIO_READ_BYTES"), MIB16);
+    run.expect("CMB_FIO_MAP_TYPES", to_peer);
+    let p = Phase::of(run, "cmb_fio");
+    assert_eq!(p.delta("nvme0", &format!("{peer}_read_bytes")), MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{peer}_write_bytes")), MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{message}_write_bytes")), 0);
+    assert_eq!(p.delta("nvme1", "peer_inbound_write_bytes"), inbound);
+    assert_eq!(p.delta("nvme1", "peer_inbound_read_bytes"), inbound);
+    assert_eq!(p.delta("gpu0", "peer_inbound_write_bytes"), 0);
+
+    // NVMe -> NVMe copy: nvme0 into nvme1's CMB, nvme1 out of its own
+    // CMB (a device's own BAR is a bus address, map type 3, on any path).
+    run.expect("CMB_COPY_STATUS", "0");
+    run.expect("CMB_COPY_ERRORS", "0");
+    run.expect("CMB_COPY_DST_SUM", run.fact("CMB_COPY_SRC_SUM"));
+    let want = match path {
+        Path2p::Switch => MAP_BUS_ADDR.to_owned(),
+        Path2p::Iommu => format!("{MAP_BUS_ADDR},{MAP_THRU_HOST_BRIDGE}"),
+    };
+    run.expect("CMB_COPY_MAP_TYPES", &want);
+    let p = Phase::of(run, "cmb_copy");
+    assert_eq!(p.delta("nvme0", &format!("{peer}_write_bytes")), MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{message}_write_bytes")), 0);
+    assert_eq!(p.delta("nvme1", "peer_inbound_write_bytes"), inbound);
+    let local = p.delta("nvme1", "dma_local_read_bytes");
+    assert!(
+        (MIB16..MIB16 + (1 << 20)).contains(&local),
+        "nvme1 read its own CMB: {local}"
+    );
+
+    // A bounce: the NVMe into guest RAM, the GPU engine from RAM to VRAM.
+    run.expect("BOUNCE_STATUS", "0");
+    run.expect("BOUNCE_GPU_CRC", run.fact("BOUNCE_FILE_CRC"));
+    run.expect("BOUNCE_MAP_TYPES", "");
+    let p = Phase::of(run, "bounce");
+    assert_eq!(p.delta("gpu0", "bytes_ram_to_vram"), MIB16);
+    assert!(p.delta("nvme0", "dma_mmap_write_bytes") >= MIB16);
+    assert_eq!(p.delta("nvme0", &format!("{peer}_write_bytes")), 0);
+    let (code, answer) = provenance(run, "bounce");
+    assert_eq!(code, 1, "a bounce fails: {answer}");
+    assert_eq!(answer["pass"], false, "{answer}");
+    assert_eq!(answer["bounced_bytes"], MIB16, "{answer}");
+    assert_eq!(answer["devices"][0]["ram_to_device"], MIB16, "{answer}");
+    assert!(
+        answer["other_ram_dma"]["nvme0"].as_u64().unwrap_or(0) >= MIB16,
+        "{answer}"
+    );
+
+    // The GPU engine's raw DMA to nvme1's CMB bus address: a switch
+    // routes it to nvme1, an IOMMU faults it (HOST_DMA, 0x04).
+    run.expect("BUS_ROUTE_MAP_TYPES", "");
+    let p = Phase::of(run, "bus_route");
+    match path {
+        Path2p::Switch => {
+            run.expect("BUS_ROUTE_STATUS", "0");
+            assert_eq!(p.delta("gpu0", "dma_peer_write_bytes"), 4096);
+            assert_eq!(p.delta("nvme1", "peer_inbound_write_bytes"), 4096);
+        }
+        Path2p::Iommu => {
+            run.expect("BUS_ROUTE_STATUS", "1");
+            assert_eq!(bus_route_job_status(run), JOB_STATUS_HOST_DMA);
+            assert_eq!(p.delta("gpu0", "dma_peer_write_bytes"), 0);
+            assert_eq!(p.delta("gpu0", "dma_message_write_bytes"), 0);
+            assert_eq!(p.delta("gpu0", "jobs_failed"), 1);
+            assert_eq!(p.delta("nvme1", "peer_inbound_write_bytes"), 0);
+        }
+    }
+    assert_eq!(p.delta("gpu0", "bytes_vram_to_ram"), 0);
+    for id in ["nvme0", "nvme1"] {
+        let s = stats(run, id);
+        assert_eq!(counter(&s, "dma_faults"), 0, "{id}: {s}");
+        assert_eq!(counter(&s, "failed_commands"), 0, "{id}: {s}");
+    }
+}
+
+/// The GPU's job status for a DMA that faulted at the host (HOST_DMA,
+/// devices/gpu/src/status.rs).
+const JOB_STATUS_HOST_DMA: u32 = 0x04;
+
+/// The job status `p2plab-gpu-tool raw` printed in the bus_route phase
+/// (`status 0x4 result ... fence N`).
+fn bus_route_job_status(run: &GuestRun) -> u32 {
+    let out = run.fact("BUS_ROUTE_OUT");
+    out.split_once("status 0x")
+        .and_then(|(_, rest)| {
+            let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+            u32::from_str_radix(&hex, 16).ok()
+        })
+        .unwrap_or_else(|| panic!("no job status in BUS_ROUTE_OUT: {out}"))
+}
+
+/// The routing table the lab gave each server (its command line).
+fn direct_peers(run: &GuestRun, id: &str) -> String {
+    let cmdline = run.file(&format!("{id}.cmdline"));
+    let at = cmdline
+        .find("--direct-peers ")
+        .unwrap_or_else(|| panic!("{id} got no --direct-peers: {cmdline}"));
+    cmdline[at + "--direct-peers ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The ACS Control value a guest fact reports (`none`: no capability).
+fn acs(run: &GuestRun, key: &str) -> Option<u16> {
+    let text = run.fact(key);
+    (text != "none")
+        .then(|| u16::from_str_radix(text, 16).unwrap_or_else(|_| panic!("{key}={text}")))
+}
+
+/// ReqRedir and CmpltRedir in ACS Control.
+const ACS_REDIRECT: u16 = 0x000c;
+
+/// `viommu`: nvme0, nvme1 and gpu0 under one switch without ACS behind
+/// intel-iommu (caching-mode=on), the guest with `intel_iommu=on
+/// iommu.strict=1`. RAM DMA uses IOVAs the guest maps and unmaps around
+/// every I/O; the servers follow each DMA_MAP/DMA_UNMAP. P2P between the
+/// devices is by bus address (the kernel's map type 3), which a real
+/// switch routes to the peer past the IOMMU; QEMU's switch cannot, so the
+/// servers do, through their peer windows, as the lab's routing table
+/// (`--direct-peers`) says. Catches: a server that loses track of IOVA
+/// maps/unmaps (the RAM round trips), a lab that does not route this
+/// switch's peers directly (every P2P command would fault), P2P bytes that
+/// take any path but the peer windows (the counters of each phase), data
+/// corrupted on the way (fio's crc32c, the copy's md5), a provenance
+/// verdict that fails real P2P or passes a bounce, and a switch-routed
+/// raw bus-address DMA that does not reach the peer.
 #[test]
-fn viommu_maps_ram_through_iovas_and_p2p_by_bus_address() {
-    let script = topologies_script(
+fn viommu_routes_p2p_by_switch_and_ram_through_iovas() {
+    let script = viommu_script(
         "topologies-viommu.sh",
         include_str!("../guest/topologies-viommu.sh"),
     );
@@ -285,28 +558,40 @@ fn viommu_maps_ram_through_iovas_and_p2p_by_bus_address() {
         append: vec!["intel_iommu=on".to_owned(), "iommu.strict=1".to_owned()],
         ..Boot::default()
     };
-    let run = run_guest("viommu", &script, boot);
-    expect_map_type(&run, MAP_BUS_ADDR);
+    let (run, ()) = run_guest_with("viommu", &script, boot, mark_phases);
 
-    // Both devices are translated by the IOMMU (DMA domain, not identity).
-    run.expect("IOMMU_GROUP_TYPE", "DMA");
-    run.expect("GPU_IOMMU_GROUP_TYPE", "DMA");
+    // Translated IOMMU groups; the routing the lab derived.
+    for key in [
+        "IOMMU_GROUP_TYPE",
+        "GPU_IOMMU_GROUP_TYPE",
+        "NVME1_IOMMU_GROUP_TYPE",
+    ] {
+        run.expect(key, "DMA");
+    }
     let lines = kernel_lines(&run);
     assert!(count(&lines, "DMAR: IOMMU enabled") >= 1);
-    // Under an IOMMU the kernel turns ACS redirect on where it can: the
-    // root port above the switch. xio3130 downstream ports have no ACS
-    // capability, and the root port is above the pair's common bridge.
-    let rp = u16::from_str_radix(run.fact("ACS_CTRL_RP"), 16)
-        .unwrap_or_else(|_| panic!("ACS_CTRL_RP={}", run.fact("ACS_CTRL_RP")));
+    assert_eq!(direct_peers(&run, "nvme0"), "gpu0,nvme1");
+    assert_eq!(direct_peers(&run, "nvme1"), "gpu0,nvme0");
+    assert_eq!(direct_peers(&run, "gpu0"), "nvme0,nvme1");
+    // What the guest sees agrees: the kernel turned redirect on where it
+    // could (the root port, above the switch); the switch's ports have no
+    // ACS capability.
     assert_eq!(
-        rp & 0x000c,
-        0x000c,
-        "ReqRedir and CmpltRedir on the root port"
+        acs(&run, "ACS_CTRL_RP").unwrap_or(0) & ACS_REDIRECT,
+        ACS_REDIRECT
     );
-    run.expect("ACS_CTRL_GPU_PORT", "none");
-    run.expect("ACS_CTRL_NVME_PORT", "none");
+    for port in [
+        "ACS_CTRL_UP",
+        "ACS_CTRL_GPU_PORT",
+        "ACS_CTRL_NVME_PORT",
+        "ACS_CTRL_NVME1_PORT",
+    ] {
+        assert_eq!(acs(&run, port), None, "{port}");
+    }
     run.expect("GPU_P2P_PUBLISHED", "1");
-    run.expect("NVME_P2P_PUBLISHED", "1");
+    run.expect("NVME1_P2P_PUBLISHED", "1");
+    assert_eq!(count(&lines, REFUSED), 0);
+    assert_eq!(count(&lines, ACS_REDIRECT_LINE), 0);
 
     // RAM through IOVAs: large and 4 KiB I/O round trips verify.
     run.expect("RAM_WRITE_STATUS", "0");
@@ -314,62 +599,158 @@ fn viommu_maps_ram_through_iovas_and_p2p_by_bus_address() {
     run.expect("SMALL_CMP", "0");
     run.expect("RAM_AFTER_CMP", "0");
     // The server followed thousands of IOVA maps and unmaps: at least one
-    // map per 4 KiB I/O above (strict mode unmaps each right after it).
+    // map per 4 KiB I/O above (strict mode unmaps each right after it),
+    // none refused (the topology's --max-fd-dma-maps covers the pages in
+    // flight; the default 256 does not: ENOSPC, then RAM DMA faults).
     let log = run.file("nvme0.log");
     let maps = log.matches("dma_cmds: DMA_MAP ").count();
     let unmaps = log.matches("dma_cmds: DMA_UNMAP ").count();
     assert!(maps >= 4096, "{maps} DMA_MAPs");
     assert!(unmaps >= 4096, "{unmaps} DMA_UNMAPs");
-    // None refused: the topology's --max-fd-dma-maps covers the pages in
-    // flight (the default 256 does not: ENOSPC, then RAM DMA faults).
     let refused_maps = log
         .lines()
         .filter(|l| l.contains("refused") && l.contains("cmd=\"DMA_MAP\""))
         .count();
     assert_eq!(refused_maps, 0, "DMA_MAPs refused by the NVMe server");
 
-    // The kernel allowed the pair (bus-address mapping): no refusal or
-    // redirect message.
-    assert_eq!(count(&lines, REFUSED), 0);
-    assert_eq!(count(&lines, ACS_REDIRECT), 0);
+    // The kernel's map type is checked per phase (each clears the trace).
+    check_p2p_phases(&run, Path2p::Switch);
+}
 
-    // The device was handed bus addresses inside the GPU's BAR2 (the
-    // IOMMU path would hand it IOVAs), and faulted on every one of them.
-    let bar_start = run.fact_u64("GPU_BAR2_START");
-    let bar_end = run.fact_u64("GPU_BAR2_END");
-    let faults: Vec<(u64, u64)> = log
-        .lines()
-        .filter_map(|line| {
-            let at = line.find("DMA fault at 0x")? + "DMA fault at 0x".len();
-            let (addr, rest) = line[at..].split_once("+0x")?;
-            let len = rest.split_whitespace().next()?;
-            Some((
-                u64::from_str_radix(addr, 16).ok()?,
-                u64::from_str_radix(len, 16).ok()?,
-            ))
-        })
-        .collect();
-    assert!(!faults.is_empty(), "the NVMe server saw no peer address");
-    for &(addr, len) in &faults {
-        assert!(
-            addr >= bar_start && addr + len <= bar_end + 1,
-            "fault at {addr:#x}+{len:#x} outside BAR2 {bar_start:#x}-{bar_end:#x}"
-        );
+/// `viommu-acs`: the three devices under a switch whose ports have ACS,
+/// behind intel-iommu, with an Intel vCPU. Under the IOMMU the kernel turns
+/// ACS redirect on at every port with the capability, so the pairs go
+/// through the host bridge, which q35's (8086:29c0) is not whitelisted
+/// for: refused. Catches: a kernel or topology that lets P2P through (the
+/// I/O must fail with EINVAL), ports whose redirect the kernel did not
+/// turn on, a lab that routes these peers directly (the table must be
+/// `none`), and a server that serves a bus address across ACS redirect
+/// (the GPU's raw DMA must fault as at the IOMMU).
+#[test]
+fn viommu_with_acs_and_an_intel_vcpu_refuses_p2p() {
+    let script = viommu_script(
+        "topologies-viommu-acs.sh",
+        include_str!("../guest/topologies-viommu-acs.sh"),
+    );
+    let boot = Boot {
+        append: vec!["intel_iommu=on".to_owned(), "iommu.strict=1".to_owned()],
+        ..Boot::default()
+    };
+    let run = run_guest("viommu-acs", &script, boot);
+    let gpu = run.fact("GPU_BDF").to_owned();
+    run.expect("IOMMU_GROUP_TYPE", "DMA");
+    for id in ["nvme0", "nvme1", "gpu0"] {
+        assert_eq!(direct_peers(&run, id), "none", "{id}");
     }
+    for port in [
+        "ACS_CTRL_GPU_PORT",
+        "ACS_CTRL_NVME_PORT",
+        "ACS_CTRL_NVME1_PORT",
+    ] {
+        let ctrl = acs(&run, port).unwrap_or_else(|| panic!("{port}: no ACS"));
+        assert_eq!(ctrl & ACS_REDIRECT, ACS_REDIRECT, "{port}={ctrl:#x}");
+    }
+    expect_map_type(&run, MAP_NOT_SUPPORTED);
+    let lines = kernel_lines(&run);
+    assert!(count(&lines, &format!("{ACS_REDIRECT_LINE}({gpu})")) >= 1);
+    assert!(count(&lines, &format!("{NOT_WHITELISTED}8086:29c0")) >= 1);
+    assert!(count(&lines, &format!("{REFUSED}({gpu})*")) >= 1);
 
-    // The I/O: 16 chunks, each fails with EIO; nothing reaches the GPU.
-    assert_ne!(run.fact("N2G_STATUS"), "0");
+    // Every P2P transfer refused: p2pio's 16 chunks with EINVAL, fio
+    // through nvme1's CMB fails, nothing moves between the devices.
     run.expect("N2G_ERRORS", "16");
     run.expect("N2G_BYTES", "0");
-    run.expect("N2G_EIO_LINES", "16");
+    run.expect("N2G_EINVAL_LINES", "16");
+    assert_ne!(run.fact("CMB_FIO_STATUS"), "0");
+    run.expect("RAM_AFTER_CMP", "0");
+    // The GPU's raw DMA to nvme1's CMB bus address faults (HOST_DMA).
+    run.expect("BUS_ROUTE_STATUS", "1");
+    assert_eq!(bus_route_job_status(&run), JOB_STATUS_HOST_DMA);
     let nvme = stats(&run, "nvme0");
-    assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
-    // Every command of the 16 MiB (split at max_sectors_kb) is tried
-    // 1 + max_retries times (Data Transfer Error has no DNR), and each
-    // attempt is one fault and one failed command.
-    let commands = (16 << 10) / run.fact_u64("MAX_SECTORS_KB");
-    let attempts = commands * (run.fact_u64("MAX_RETRIES") + 1);
-    assert_eq!(counter(&nvme, "dma_faults"), attempts, "{nvme}");
-    assert_eq!(counter(&nvme, "failed_commands"), attempts, "{nvme}");
-    assert!(count(&lines, "*I/O Error (sct 0x0 / sc 0x4)*") >= 1);
+    let gpu0 = stats(&run, "gpu0");
+    let nvme1 = stats(&run, "nvme1");
+    for key in [
+        "dma_peer_write_bytes",
+        "dma_peer_read_bytes",
+        "dma_message_write_bytes",
+        "dma_message_read_bytes",
+    ] {
+        assert_eq!(counter(&nvme, key), 0, "{key}: {nvme}");
+        assert_eq!(counter(&gpu0, key), 0, "{key}: {gpu0}");
+    }
+    assert_eq!(counter(&nvme1, "peer_inbound_write_bytes"), 0, "{nvme1}");
+    assert_eq!(counter(&nvme, "dma_faults"), 0, "{nvme}");
+    assert!(counter(&gpu0, "jobs_failed") >= 1, "{gpu0}");
+}
+
+/// `viommu-amd`: the three devices under a switch with ACS behind QEMU's
+/// AMD IOMMU (amd-iommu, dma-remap=on), with an AMD Zen vCPU: ACS redirect
+/// on at every port, so the kernel maps P2P through the host bridge, which
+/// it allows on AMD family >= 0x17, with an IOVA for each peer BAR page.
+/// QEMU sends those IOVAs without an fd, so the servers move P2P bytes by
+/// message, which QEMU translates through its AMD-Vi model into the BAR.
+/// Catches: QEMU's amd-iommu no longer forwarding maps to vfio-user
+/// devices (RAM I/O would fault), a lab that routes peers across ACS
+/// directly (the table must be `none`), P2P bytes that take another path
+/// than messages (each phase's counters), data corrupted on the way,
+/// provenance verdicts that fail P2P through the IOMMU or pass a bounce,
+/// and a server that serves a bus address the IOMMU would fault.
+#[test]
+fn amd_iommu_with_acs_maps_p2p_through_the_iommu() {
+    let script = viommu_script(
+        "topologies-viommu-amd.sh",
+        include_str!("../guest/topologies-viommu-amd.sh"),
+    );
+    let boot = Boot {
+        append: vec!["iommu.strict=1".to_owned()],
+        ..Boot::default()
+    };
+    let (run, ()) = run_guest_with("viommu-amd", &script, boot, mark_phases);
+    run.expect("CPU_VENDOR", "AuthenticAMD");
+    for key in [
+        "IOMMU_GROUP_TYPE",
+        "GPU_IOMMU_GROUP_TYPE",
+        "NVME1_IOMMU_GROUP_TYPE",
+    ] {
+        run.expect(key, "DMA");
+    }
+    let lines = kernel_lines(&run);
+    assert!(count(&lines, "AMD-Vi: Extended features*") >= 1);
+    for id in ["nvme0", "nvme1", "gpu0"] {
+        assert_eq!(direct_peers(&run, id), "none", "{id}");
+    }
+    let marks = Phase::of(&run, "n2g_fio");
+    assert_eq!(
+        marks.end.servers["nvme0"]["dma"]["peer_windows"],
+        serde_json::json!([]),
+        "no peer window under ACS redirect"
+    );
+    for port in [
+        "ACS_CTRL_GPU_PORT",
+        "ACS_CTRL_NVME_PORT",
+        "ACS_CTRL_NVME1_PORT",
+    ] {
+        let ctrl = acs(&run, port).unwrap_or_else(|| panic!("{port}: no ACS"));
+        assert_eq!(ctrl & ACS_REDIRECT, ACS_REDIRECT, "{port}={ctrl:#x}");
+    }
+    assert_eq!(acs(&run, "ACS_CTRL_UP"), None);
+    run.expect("GPU_P2P_PUBLISHED", "1");
+    run.expect("RAM_CMP", "0");
+    run.expect("RAM_AFTER_CMP", "0");
+    // The kernel reports the redirect and allows the pairs.
+    assert!(count(&lines, ACS_REDIRECT_LINE) >= 1);
+    assert_eq!(count(&lines, REFUSED), 0);
+    assert_eq!(count(&lines, NOT_WHITELISTED), 0);
+    // The peer BARs' IOVAs came as DMA_MAPs without an fd.
+    let log = run.file("nvme0.log");
+    let bar_iovas = log
+        .lines()
+        .filter(|l| {
+            l.contains("DMA range added")
+                && l.contains("backing=\"messages\"")
+                && l.contains("write=true")
+        })
+        .count();
+    assert!(bar_iovas >= 1, "no fd-less IOVA map for a peer BAR");
+    check_p2p_phases(&run, Path2p::Iommu);
 }

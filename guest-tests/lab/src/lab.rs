@@ -380,6 +380,8 @@ pub struct Lab {
     lifetime: Lifetime,
     /// Left running on purpose (`--keep`): dropping must not tidy up.
     detached: bool,
+    /// Held while this lab may use the state folder's disk images.
+    _state_lock: std::fs::File,
 }
 
 impl Lab {
@@ -433,6 +435,7 @@ impl Lab {
             };
             server.args.extend(extra.iter().cloned());
         }
+        route_servers(&mut topology, options, &run_dir)?;
         // In the topology as started, so a restarted server opens its
         // guest socket again (and QEMU reconnects to it).
         let guest_control = options.guest_control.select(&topology)?;
@@ -451,6 +454,7 @@ impl Lab {
         progress(&accel.line);
         std::fs::write(run_dir.join("accel.txt"), format!("{}\n", accel.line))?;
 
+        let state_lock = lock_state(&paths.state)?;
         for disk in &topology.disks {
             ensure_disk(&disk.path, disk.size)?;
         }
@@ -470,6 +474,7 @@ impl Lab {
             guest_control,
             lifetime,
             detached: false,
+            _state_lock: state_lock,
         };
         let ids: Vec<String> = lab.topology.servers.iter().map(|s| s.id.clone()).collect();
         for id in &ids {
@@ -931,6 +936,44 @@ pub fn stop_kept(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Under a vIOMMU, gives every server that has no `--direct-peers` of its
+/// own the routing table derived from the machine (see `routing`), and
+/// writes it to the run folder's `routing.txt`.
+fn route_servers(topology: &mut Topology, options: &LabOptions, run_dir: &Path) -> Result<()> {
+    let has_table = |args: &[String]| {
+        args.iter()
+            .any(|a| a == "--direct-peers" || a.starts_with("--direct-peers="))
+    };
+    if topology.servers.iter().all(|s| has_table(&s.args)) {
+        return Ok(());
+    }
+    let mut qemu_args = topology.qemu_args.clone();
+    qemu_args.extend(options.qemu_args.iter().cloned());
+    let cmdline: Vec<String> = BASE_CMDLINE
+        .split_whitespace()
+        .chain(options.append.iter().flat_map(|a| a.split_whitespace()))
+        .map(str::to_owned)
+        .collect();
+    let ids: Vec<String> = topology.servers.iter().map(|s| s.id.clone()).collect();
+    let Some(routing) = crate::routing::derive(&qemu_args, &ids, &cmdline)
+        .with_context(|| format!("routing the device servers of topology {}", topology.name))?
+    else {
+        return Ok(());
+    };
+    for server in &mut topology.servers {
+        if has_table(&server.args) {
+            continue;
+        }
+        if let Some(peers) = routing.direct_peers.get(&server.id) {
+            server.args.push("--direct-peers".to_owned());
+            server.args.push(peers.clone());
+        }
+    }
+    std::fs::write(run_dir.join("routing.txt"), routing.describe())
+        .with_context(|| format!("writing {}", run_dir.join("routing.txt").display()))?;
+    Ok(())
+}
+
 /// Splits the accelerator's arguments out of the topology's and the run's
 /// QEMU arguments and decides the accelerator for this boot (see `accel`).
 fn choose_accel(topology: &Topology, options: &LabOptions) -> Result<(SplitArgs, AccelChoice)> {
@@ -955,6 +998,38 @@ pub fn preview_accel(paths: &LabPaths, options: &LabOptions) -> Result<AccelChoi
     };
     let topology = Topology::load(&paths.topology(&options.topology)?, &vars)?;
     Ok(choose_accel(&topology, options)?.1)
+}
+
+/// Takes the state folder for this lab, waiting while another lab holds
+/// it. Its disk images (`nvme0n1.img`...) are one device's media shared by
+/// every boot that names the folder: two guests at once would write each
+/// other's blocks and read back the other's data (two e2e tests of one
+/// suite run in parallel threads did exactly that: a CRC "mismatch" that
+/// was the other guest's pattern). The lock goes with the launcher, so a
+/// `--keep` lab holds it only until its launcher exits.
+fn lock_state(state: &Path) -> Result<std::fs::File> {
+    let path = state.join(".lab.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => return Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {}
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+    progress(format_args!(
+        "waiting for the state folder {}: another lab uses its disk images \
+         (give this one --state DIR to run both at once)",
+        state.display()
+    ));
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
 }
 
 /// Creates a sparse backing file when it is missing; an existing one keeps
@@ -1185,8 +1260,46 @@ mod tests {
             Accel::Tcg,
         ),
         ("viommu", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
+        (
+            "viommu-acs",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
         ("separate-root-ports-zen", "EPYC", Accel::Tcg, Accel::Kvm),
+        ("viommu-amd", "EPYC", Accel::Tcg, Accel::Kvm),
     ];
+
+    /// Catches: two labs using one state folder's disk images at once
+    /// (each guest would read back the other's blocks): the second must
+    /// wait until the first lets go, and a lab on another folder must not.
+    #[test]
+    fn a_state_folder_serves_one_lab_at_a_time() {
+        let base = std::env::temp_dir().join(format!("p2plab-state-lock-{}", std::process::id()));
+        let (one, other) = (base.join("one"), base.join("other"));
+        std::fs::create_dir_all(&one).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let first = lock_state(&one).unwrap();
+        let _elsewhere = lock_state(&other).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let one = one.clone();
+            std::thread::spawn(move || {
+                let lock = lock_state(&one);
+                tx.send(()).unwrap();
+                lock.map(drop)
+            })
+        };
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a second lab took a state folder in use"
+        );
+        drop(first);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the second lab never got the folder back");
+        waiter.join().unwrap().unwrap();
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     /// Catches: a shipped topology whose QEMU command line gets no
     /// `-accel`, two of them, the wrong `-cpu` for its accelerator (KVM:

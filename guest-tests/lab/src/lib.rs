@@ -14,6 +14,7 @@ pub mod lab;
 pub mod paths;
 pub mod process;
 pub mod qmp;
+pub mod routing;
 pub mod setup;
 pub mod topology;
 

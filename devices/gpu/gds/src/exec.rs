@@ -15,9 +15,9 @@ use crate::plan::{Plan, Request, Segment};
 use crate::report::{IoReport, Route, SegmentReport};
 
 /// Bounce buffer size of the compat path.
-const BOUNCE_BYTES: u64 = 4 << 20;
+pub const BOUNCE_BYTES: u64 = 4 << 20;
 /// Largest single O_DIRECT call (Linux caps a call at about 2 GiB).
-const MAX_P2P_CALL: u64 = 1 << 30;
+pub const MAX_P2P_CALL: u64 = 1 << 30;
 
 /// errnos with which the kernel refuses O_DIRECT into P2P memory: EINVAL
 /// (the DMA mapping found no P2P path), EREMOTEIO (the block device does

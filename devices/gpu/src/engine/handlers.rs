@@ -3,7 +3,7 @@
 //! [`STEP_BYTES`], and gives up between steps once the command is
 //! abandoned.
 
-use p2plab_dma::GuestMemory;
+use p2plab_dma::{BusTarget, GuestMemory};
 
 use crate::command::Command;
 use crate::stats::Stats;
@@ -18,6 +18,13 @@ fn steps(len: u64) -> impl DoubleEndedIterator<Item = (u64, usize)> {
         let off = i * step;
         (off, (len - off).min(step) as usize)
     })
+}
+
+/// Whether a step's bus range is (or may be, in part) guest RAM: a step
+/// that mixes RAM with a peer BAR counts as RAM, so the RAM counters never
+/// miss a bounce.
+fn in_ram(target: BusTarget) -> bool {
+    matches!(target, BusTarget::Ram | BusTarget::Mixed)
 }
 
 impl Engine {
@@ -41,6 +48,9 @@ impl Engine {
                 return Outcome::failed(StatusCode::VramIo);
             }
             Stats::add(&self.device.stats.bytes_host_to_vram, n as u64);
+            if in_ram(memory.locate(cmd.src + off, n as u64)) {
+                Stats::add(&self.device.stats.bytes_ram_to_vram, n as u64);
+            }
         }
         Outcome::ok(0)
     }
@@ -61,6 +71,9 @@ impl Engine {
                 return Outcome::failed(data_fault_status(&fault));
             }
             Stats::add(&self.device.stats.bytes_vram_to_host, n as u64);
+            if in_ram(memory.locate(cmd.dst + off, n as u64)) {
+                Stats::add(&self.device.stats.bytes_vram_to_ram, n as u64);
+            }
         }
         Outcome::ok(0)
     }

@@ -33,6 +33,35 @@ fn copy_host_to_vram_and_back() {
     assert_eq!(rig.read32(Reg::JobsCompleted), 2);
 }
 
+/// Catches: engine copies between VRAM and a peer's BAR counted as a
+/// bounce through guest RAM (`p2plab-ctl provenance` would fail real P2P),
+/// or copies with guest RAM not counted as one (it would pass a bounce).
+#[test]
+fn ram_copies_are_told_apart_from_peer_bar_copies() {
+    const PEER_BAR: u64 = 0x40_0000_0000;
+    let memory = FakeGuestMemory::new()
+        .with_region(RAM_BASE, RAM_SIZE)
+        .with_peer_region(PEER_BAR, 1 << 20);
+    let mut rig = Rig::with_memory(256 << 20, memory);
+    rig.enable_ring(RING_GPA, 16, RingIn::GuestMemory);
+    let data = pattern(300_000, 3);
+    rig.poke(DATA_GPA, &data);
+    rig.poke(PEER_BAR, &data);
+    for c in [
+        cmd(op::COPY_TO_VRAM, DATA_GPA, 0, 100_000),
+        cmd(op::COPY_TO_VRAM, PEER_BAR, 0, 200_000),
+        cmd(op::COPY_FROM_VRAM, 0, PEER_BAR + 4096, 30_000),
+        cmd(op::COPY_FROM_VRAM, 0, DATA_GPA + (1 << 20), 7_000),
+    ] {
+        assert_eq!(rig.run(c).status, StatusCode::Ok.code());
+    }
+    let s = rig.gpu.stats();
+    assert_eq!(s.bytes_host_to_vram, 300_000);
+    assert_eq!(s.bytes_ram_to_vram, 100_000);
+    assert_eq!(s.bytes_vram_to_host, 37_000);
+    assert_eq!(s.bytes_vram_to_ram, 7_000);
+}
+
 #[test]
 fn copy_inside_vram_including_overlaps() {
     let mut rig = Rig::ready();

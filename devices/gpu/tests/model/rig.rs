@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2plab_dma::testing::FakeGuestMemory;
+pub use p2plab_dma::testing::FakeGuestMemory;
 pub use p2plab_dma::GuestMemory;
 pub use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
 pub use p2plab_gpu::engine::opcodes::op;
@@ -54,10 +54,15 @@ pub struct Rig {
 
 impl Rig {
     pub fn new(vram_size: u64) -> Self {
-        let ram = Arc::new(GatedMemory::new(
+        Self::with_memory(
+            vram_size,
             FakeGuestMemory::new().with_region(RAM_BASE, RAM_SIZE),
-            DATA_GPA,
-        ));
+        )
+    }
+
+    /// A device whose bus is `memory` (which must hold the RAM window).
+    pub fn with_memory(vram_size: u64, memory: FakeGuestMemory) -> Self {
+        let ram = Arc::new(GatedMemory::new(memory, DATA_GPA));
         let irq = RecordingInterrupts::new();
         let gpu = Gpu::new(Vram::new(vram_size).unwrap(), ram.clone(), irq.clone()).unwrap();
         gpu.set_bus_master(true);

@@ -1,11 +1,13 @@
 //! `p2plab-ctl`: talks to a running p2plab device server through its
-//! control socket (status, fault injection, reset).
+//! control socket (status, fault injection, reset), or to every server of
+//! a run at once (marks and the provenance verdict).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use p2plab_server::control::{request, request_over_port, ControlRequest};
+use p2plab_server::provenance::{Mark, Provenance, Servers};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,7 +20,8 @@ use p2plab_server::control::{request, request_over_port, ControlRequest};
         p2plab-ctl runs/latest/nvme0.ctl inject media-error:lba=100-199\n  \
         p2plab-ctl runs/latest/nvme0.ctl clear\n  \
         p2plab-ctl runs/latest/nvme0.ctl trace on --follow\n  \
-        p2plab-ctl runs/latest/gpu0.ctl inject hang,count=1,opcode=checksum"
+        p2plab-ctl runs/latest/gpu0.ctl inject hang,count=1,opcode=checksum\n  \
+        p2plab-ctl runs/latest mark before; ...; p2plab-ctl runs/latest provenance --since before"
 )]
 struct Args {
     /// On the host: the server's control socket (`NAME.ctl` in the run
@@ -26,8 +29,10 @@ struct Args {
     /// the device id (`nvme0`), reached through the virtio-serial port
     /// `p2plab.ctl.ID` that the lab connects to the server's guest control
     /// socket when asked (`run-vm --guest-control`), or the port's device
-    /// node (`/dev/vport1p1`).
-    #[arg(value_name = "SOCKET|ID")]
+    /// node (`/dev/vport1p1`). For `mark` and `provenance`: the run folder
+    /// on the host (`runs/latest`), `all` in the guest (with
+    /// `--guest-control`).
+    #[arg(value_name = "SOCKET|ID|RUN")]
     socket: PathBuf,
 
     /// Print the server's reply as JSON.
@@ -67,6 +72,149 @@ enum Command {
         #[arg(long, requires = "follow")]
         from_start: bool,
     },
+    /// Keep every server's counters now under NAME (in `RUN/marks/`, or
+    /// --marks-dir), for `provenance`.
+    Mark {
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Where marks are kept (default: RUN/marks on the host,
+        /// /run/p2plab-ctl/marks in the guest).
+        #[arg(long, value_name = "DIR")]
+        marks_dir: Option<PathBuf>,
+    },
+    /// Did any byte of the transfers to or from the GPU go through guest
+    /// RAM between two marks? Exit status 0: no; 1: yes, or fewer than
+    /// --min-p2p bytes moved peer-to-peer; 2: cannot tell (a server
+    /// restarted, a mark is missing).
+    Provenance {
+        /// The earlier mark.
+        #[arg(long, value_name = "NAME")]
+        since: String,
+        /// The later mark (default: the servers' counters now).
+        #[arg(long, value_name = "NAME")]
+        until: Option<String>,
+        /// The GPU to judge (repeatable; default: every GPU of the run).
+        #[arg(long = "device", value_name = "ID")]
+        devices: Vec<String>,
+        /// Also fail unless at least this many bytes moved peer-to-peer
+        /// (`16M`): catches P2P that silently never touched the GPU.
+        #[arg(long, value_name = "BYTES", default_value = "0", value_parser = parse_bytes)]
+        min_p2p: u64,
+        /// Where marks are kept (see `mark`).
+        #[arg(long, value_name = "DIR")]
+        marks_dir: Option<PathBuf>,
+    },
+}
+
+/// `4096`, `64K`, `16M`, `1G`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, shift) = match text.as_bytes().last() {
+        Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
+        Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
+        Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{text:?} is not a byte count like 4096, 64K or 16M"))
+}
+
+/// The servers of the run `arg` names: a run folder on the host, `all`
+/// in the guest.
+fn run_servers(arg: &Path) -> Result<Servers, String> {
+    if arg.is_dir() {
+        return Ok(Servers::RunDir(arg.to_path_buf()));
+    }
+    if arg == Path::new("all") {
+        return Servers::guest_ports().map_err(|e| format!("{e:#}"));
+    }
+    Err(format!(
+        "{}: mark and provenance take a run folder (runs/latest) on the host, or `all` in the guest",
+        arg.display()
+    ))
+}
+
+/// `mark` and `provenance`: every server of a run at once.
+fn run_level(arg: &Path, command: Command, json: bool) -> ExitCode {
+    const CANNOT_TELL: u8 = 2;
+    let servers = match run_servers(arg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("p2plab-ctl: {e}");
+            return ExitCode::from(CANNOT_TELL);
+        }
+    };
+    match command {
+        Command::Mark { name, marks_dir } => {
+            let dir = marks_dir.unwrap_or_else(|| servers.default_marks_dir());
+            match Mark::take(&name, &servers).and_then(|m| Ok((m.save(&dir)?, m))) {
+                Ok((path, mark)) => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&mark).unwrap_or_default()
+                        );
+                    } else {
+                        let ids: Vec<&str> = mark.servers.keys().map(String::as_str).collect();
+                        println!("mark {name}: {} ({})", path.display(), ids.join(", "));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("p2plab-ctl: mark {name}: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Provenance {
+            since,
+            until,
+            devices,
+            min_p2p,
+            marks_dir,
+        } => {
+            let dir = marks_dir.unwrap_or_else(|| servers.default_marks_dir());
+            let answer = Mark::load(&dir, &since).and_then(|a| {
+                let b = match &until {
+                    Some(name) => Mark::load(&dir, name)?,
+                    None => Mark::take("now", &servers)?,
+                };
+                Provenance::between(&a, &b, &devices)
+            });
+            match answer {
+                Ok(answer) => {
+                    let failure = answer.failure(min_p2p);
+                    if json {
+                        let mut value = serde_json::to_value(&answer).unwrap_or_default();
+                        if let Some(object) = value.as_object_mut() {
+                            object.insert("bounced_bytes".into(), answer.bounced().into());
+                            object.insert("p2p_bytes".into(), answer.peer_to_peer().into());
+                            object.insert("pass".into(), failure.is_none().into());
+                            object.insert("why".into(), failure.clone().into());
+                        }
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&value).unwrap_or_default()
+                        );
+                    } else {
+                        print!("{}", answer.report(min_p2p));
+                    }
+                    if failure.is_some() {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(e) => {
+                    eprintln!("p2plab-ctl: provenance: cannot tell: {e:#}");
+                    ExitCode::from(CANNOT_TELL)
+                }
+            }
+        }
+        _ => ExitCode::from(CANNOT_TELL),
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -161,6 +309,12 @@ fn target(arg: PathBuf) -> Result<Target, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if matches!(
+        args.command,
+        Command::Mark { .. } | Command::Provenance { .. }
+    ) {
+        return run_level(&args.socket, args.command, args.json);
+    }
     let target = match target(args.socket) {
         Ok(t) => t,
         Err(e) => {
@@ -190,6 +344,7 @@ fn main() -> ExitCode {
         Command::Trace { state, .. } => vec![ControlRequest::Trace {
             on: state.map(|s| matches!(s, OnOff::On)),
         }],
+        Command::Mark { .. } | Command::Provenance { .. } => Vec::new(),
     };
     for req in &requests {
         let reply = match &target {

@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,7 +25,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use p2plab_ratelimit::log_limited;
-use p2plab_vfio_user::server::{bind_with_mode, current_uid};
+use p2plab_vfio_user::server::{bind_replacing_stale, current_uid};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
@@ -192,18 +191,7 @@ impl Drop for ControlServer {
 /// Listens at `path`, mode 0600 from the bind on, replacing a stale
 /// socket file but nothing else.
 fn bind(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = bind_with_mode(path, 0o600)?;
+    let listener = bind_replacing_stale(path, 0o600)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }

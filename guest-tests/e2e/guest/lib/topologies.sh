@@ -11,9 +11,12 @@
 set -u
 by_class() { for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "$1" ] && basename $d; done; }
 gpu_bdf=$(by_class 0x030200 | head -n1)
-nvme_bdf=$(by_class 0x010802 | head -n1)
+# nvme0 by its serial where the topology sets one (probe order names two
+# controllers either way), else the only controller.
+ctrl=$(p2plab-nvme-ns --ctrl-of P2PLAB-NVME0 2>/dev/null) || ctrl=$(basename "$(ls -d /sys/class/nvme/nvme* | head -n1)")
+nvme_bdf=$(basename "$(readlink -f /sys/class/nvme/$ctrl/device)")
 [ -n "$gpu_bdf" ] && [ -n "$nvme_bdf" ] || { echo "devices missing"; lspci -nn; exit 1; }
-ns=$(p2plab-nvme-ns 1)
+ns=$(p2plab-nvme-ns --ctrl $ctrl 1)
 gpu=/sys/bus/pci/devices/$gpu_bdf
 nvme=/sys/bus/pci/devices/$nvme_bdf
 parent_of() { basename "$(dirname "$(readlink -f /sys/bus/pci/devices/$1)")"; }

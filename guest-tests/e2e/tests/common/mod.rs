@@ -117,9 +117,14 @@ pub struct Boot {
 
 /// A state folder private to this test binary run, under target/.
 pub fn test_state_dir(name: &str) -> PathBuf {
+    // One folder per call: two tests of one binary that boot the same
+    // topology in parallel (`cargo test` without `--test-threads=1`)
+    // must not share a namespace image, or each reads the other's data.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/e2e-state")
-        .join(format!("{name}-{}", std::process::id()));
+        .join(format!("{name}-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("creating the test state folder");
     dir

@@ -135,7 +135,9 @@ pub(crate) fn with_state<T>(f: impl FnOnce(&mut State) -> Result<T>) -> Result<T
     }
 }
 
-pub(crate) fn set_last_error(text: &str) {
+/// Sets this thread's last-error text (what `p2plab_gds_last_error`
+/// returns), for layers over this ABI that refuse a call themselves.
+pub fn set_last_error(text: &str) {
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
@@ -211,6 +213,17 @@ pub(crate) fn overlaps_registration(s: &State, start: u64, len: u64) -> bool {
 // SAFETY (for every `unsafe extern` below): the caller follows the header:
 // pointers are NULL or valid for the stated sizes.
 
+fn new_state() -> Result<State> {
+    Ok(State {
+        driver: Arc::new(open_driver()?),
+        opens: 1,
+        next_handle: 1,
+        handles: HashMap::new(),
+        buffers: BTreeMap::new(),
+        allocs: BTreeMap::new(),
+    })
+}
+
 /// Opens the driver (reference-counted: every open needs a close).
 #[no_mangle]
 pub extern "C" fn p2plab_gds_driver_open() -> Status {
@@ -218,16 +231,21 @@ pub extern "C" fn p2plab_gds_driver_open() -> Status {
         let mut guard = state();
         match guard.as_mut() {
             Some(s) => s.opens += 1,
-            None => {
-                *guard = Some(State {
-                    driver: Arc::new(open_driver()?),
-                    opens: 1,
-                    next_handle: 1,
-                    handles: HashMap::new(),
-                    buffers: BTreeMap::new(),
-                    allocs: BTreeMap::new(),
-                })
-            }
+            None => *guard = Some(new_state()?),
+        }
+        Ok(())
+    }))
+}
+
+/// Opens the driver unless it is open (then nothing changes): for
+/// layers that open it on first use, as cuFile does when a program
+/// registers a file or buffer without `cuFileDriverOpen`. Not part of the
+/// C header; one `p2plab_gds_driver_close` closes what this opened.
+pub fn driver_open_if_closed() -> Status {
+    status_of(guarded(|| {
+        let mut guard = state();
+        if guard.is_none() {
+            *guard = Some(new_state()?);
         }
         Ok(())
     }))
