@@ -153,12 +153,23 @@ impl DmaGate {
         BoundMemory { gate: self, epoch }
     }
 
+    /// Makes every epoch so far stale, without waiting: no access of work
+    /// fetched before it can start any more (accesses already running
+    /// go on). For a reset the guest starts with a register write and
+    /// polls for the end of: the register handler (which must not wait
+    /// for DMA) invalidates at once, and a device thread later calls
+    /// [`quiesce`](Self::quiesce) to wait for what still runs before the
+    /// device reports the reset done.
+    pub fn invalidate(&self) -> Epoch {
+        Epoch(self.epoch.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
     /// Makes every epoch so far stale and waits until no access is in
     /// flight, up to the gate's timeout. Call it from reset, after the
     /// device state is back to power-on (so engines find no new work),
     /// and with BME already clear for a PCI reset.
     pub fn quiesce(&self) -> Result<(), QuiesceTimeout> {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.invalidate();
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -354,6 +365,23 @@ mod tests {
         gate.write_u32(0x1004, 3).unwrap();
         assert_eq!(ram.read_u32(0x1000).unwrap(), 2);
         assert_eq!(ram.read_u32(0x1004).unwrap(), 3);
+    }
+
+    /// Catches: an invalidate that leaves older work able to start an
+    /// access, or that makes new work stale too.
+    #[test]
+    fn invalidate_makes_older_work_stale_without_waiting() {
+        let ram = ram();
+        let gate = DmaGate::new(ram.clone());
+        gate.set_bus_master(true);
+        let old = gate.epoch();
+        let new = gate.invalidate();
+        assert_eq!(new, gate.epoch());
+        assert_ne!(new, old);
+        let fault = gate.bound(old).write_u32(0x1000, 1).unwrap_err();
+        assert_eq!(fault.kind, DmaFaultKind::Reset);
+        gate.bound(new).write_u32(0x1000, 2).unwrap();
+        assert_eq!(ram.read_u32(0x1000).unwrap(), 2);
     }
 
     /// Catches: a quiesce that returns while an access is still running

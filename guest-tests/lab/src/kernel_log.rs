@@ -112,6 +112,21 @@ const COMPLAINTS: &[(&str, &str)] = &[
         "GPU lost interrupt",
         "p2plab_gpu*retired without an interrupt",
     ),
+    // The upstream efa driver (issue 24) on p2plab-efa: an admin command
+    // the device left unanswered or answered without MSI-X, a readless
+    // register read that timed out, an AENQ event it has no handler for
+    // (the lab's link-state notifications: a test provokes them).
+    (
+        "EFA admin timeout",
+        "efa*didn't receive any MSI-X interrupt",
+    ),
+    ("EFA admin timeout", "efa*didn't send any completion"),
+    ("EFA admin queue closed", "efa*Admin queue is closed"),
+    (
+        "EFA register read timeout",
+        "efa*Reading register timed out",
+    ),
+    ("EFA unhandled AENQ event", "efa*Unknown event was received"),
     ("WARN", "WARNING:"),
     ("BUG", "BUG:"),
     ("BUG", "kernel BUG at"),

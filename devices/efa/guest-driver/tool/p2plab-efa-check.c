@@ -1,0 +1,480 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * p2plab-efa-check: moves guest RAM to guest RAM through two EFA devices
+ * with rdma-core's libibverbs and efadv (the unmodified stack), and checks
+ * every byte. perftest moves data but never looks at it.
+ *
+ *   p2plab-efa-check xfer [--src efa_0] [--dst efa_1] [--size BYTES]
+ *                         [--msg BYTES] [--seed N] [--no-read] [--window N]
+ *       One SRD QP on each device. The source buffer (registered on --src)
+ *       is filled with a seeded pattern and sent in --msg byte SENDs with
+ *       the message's index as immediate data, straight into one
+ *       destination buffer registered on --dst (a receive posted per
+ *       message slot). SRD may deliver out of order: a receive slot k may
+ *       get message j; its bytes are compared with source message j, and
+ *       every message must arrive exactly once. Then --dst reads the whole
+ *       source back with RDMA reads into a second buffer (unless --no-read)
+ *       and compares it.
+ *       key=value lines: messages, bytes, send_ok, recv_ok, out_of_order,
+ *       duplicates, missing, mismatched_bytes, read_bytes,
+ *       read_mismatched_bytes, verify (ok|bad), first_error_status,
+ *       first_vendor_err, ms.
+ *       Exit 0 only if everything completed OK and matched; 1 on a failed
+ *       completion or a mismatch; 2 on a usage or setup error.
+ *   p2plab-efa-check send-one [--src efa_0] [--dst efa_1]
+ *       One SEND of 64 bytes; prints the send completion's status
+ *       (status=, status_name=, vendor_err=), whatever it is. Exit 0 if
+ *       a completion came (even an error), 2 otherwise.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/efadv.h>
+#include <infiniband/verbs.h>
+
+#define QKEY 0x11111111u
+#define CQ_DEPTH 1024
+#define TIMEOUT_MS 120000
+
+static void die(const char *what, int err)
+{
+	fprintf(stderr, "p2plab-efa-check: %s: %s\n", what, strerror(err));
+	exit(2);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t parse_size(const char *text)
+{
+	char *end;
+	uint64_t n = strtoull(text, &end, 0);
+
+	switch (*end) {
+	case 'K': case 'k': n <<= 10; end++; break;
+	case 'M': case 'm': n <<= 20; end++; break;
+	case 'G': case 'g': n <<= 30; end++; break;
+	}
+	if (*end || n == 0) {
+		fprintf(stderr, "p2plab-efa-check: bad size %s\n", text);
+		exit(2);
+	}
+	return n;
+}
+
+/* One device's side: context, PD, CQ, SRD QP and an AH to the peer. */
+struct side {
+	const char *name;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;
+	struct ibv_ah *ah;
+	union ibv_gid gid;
+	uint32_t max_msg;
+	uint32_t max_rdma;
+};
+
+static struct ibv_context *open_device(const char *name)
+{
+	int n, i;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct ibv_context *ctx = NULL;
+
+	if (!list)
+		die("ibv_get_device_list", errno);
+	for (i = 0; i < n; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			ctx = ibv_open_device(list[i]);
+	ibv_free_device_list(list);
+	if (!ctx) {
+		fprintf(stderr, "p2plab-efa-check: no device %s\n", name);
+		exit(2);
+	}
+	return ctx;
+}
+
+static void side_open(struct side *s, const char *name, uint32_t depth)
+{
+	struct ibv_port_attr port;
+	struct efadv_device_attr dv = { 0 };
+	struct ibv_qp_init_attr_ex attr = { 0 };
+	struct efadv_qp_init_attr efa = { 0 };
+	struct ibv_qp_attr mod = { 0 };
+	int err;
+
+	s->name = name;
+	s->ctx = open_device(name);
+	if (ibv_query_port(s->ctx, 1, &port))
+		die("ibv_query_port", errno);
+	s->max_msg = port.max_msg_sz;
+	err = efadv_query_device(s->ctx, &dv, sizeof(dv));
+	if (err)
+		die("efadv_query_device", err);
+	s->max_rdma = dv.max_rdma_size;
+	if (ibv_query_gid(s->ctx, 1, 0, &s->gid))
+		die("ibv_query_gid", errno);
+	s->pd = ibv_alloc_pd(s->ctx);
+	if (!s->pd)
+		die("ibv_alloc_pd", errno);
+	s->cq = ibv_create_cq(s->ctx, CQ_DEPTH, NULL, NULL, 0);
+	if (!s->cq)
+		die("ibv_create_cq", errno);
+	attr.qp_type = IBV_QPT_DRIVER;
+	attr.send_cq = s->cq;
+	attr.recv_cq = s->cq;
+	attr.cap.max_send_wr = depth;
+	attr.cap.max_recv_wr = depth;
+	attr.cap.max_send_sge = 1;
+	attr.cap.max_recv_sge = 1;
+	attr.pd = s->pd;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	attr.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+			      IBV_QP_EX_WITH_RDMA_READ;
+	efa.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD;
+	s->qp = efadv_create_qp_ex(s->ctx, &attr, &efa, sizeof(efa));
+	if (!s->qp)
+		die("efadv_create_qp_ex (SRD)", errno);
+	s->qpx = ibv_qp_to_qp_ex(s->qp);
+	mod.qp_state = IBV_QPS_INIT;
+	mod.pkey_index = 0;
+	mod.port_num = 1;
+	mod.qkey = QKEY;
+	if (ibv_modify_qp(s->qp, &mod, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		die("ibv_modify_qp INIT", errno);
+	mod.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(s->qp, &mod, IBV_QP_STATE))
+		die("ibv_modify_qp RTR", errno);
+	mod.qp_state = IBV_QPS_RTS;
+	mod.sq_psn = 0;
+	if (ibv_modify_qp(s->qp, &mod, IBV_QP_STATE | IBV_QP_SQ_PSN))
+		die("ibv_modify_qp RTS", errno);
+}
+
+static void side_connect(struct side *s, const struct side *peer)
+{
+	struct ibv_ah_attr ah = { 0 };
+
+	ah.is_global = 1;
+	ah.port_num = 1;
+	ah.grh.dgid = peer->gid;
+	ah.grh.sgid_index = 0;
+	s->ah = ibv_create_ah(s->pd, &ah);
+	if (!s->ah)
+		die("ibv_create_ah", errno);
+}
+
+static struct ibv_mr *reg(struct side *s, void *buf, size_t len, int access)
+{
+	struct ibv_mr *mr = ibv_reg_mr(s->pd, buf, len, access);
+
+	if (!mr)
+		die("ibv_reg_mr", errno);
+	return mr;
+}
+
+static void *alloc_buf(size_t len)
+{
+	void *p = NULL;
+
+	if (posix_memalign(&p, 4096, len))
+		die("posix_memalign", ENOMEM);
+	memset(p, 0, len);
+	return p;
+}
+
+static void fill(uint8_t *p, size_t len, uint32_t seed)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+}
+
+static size_t mismatches(const uint8_t *a, const uint8_t *b, size_t len)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < len; i++)
+		n += a[i] != b[i];
+	return n;
+}
+
+/* The first failed completion, for the report. */
+static int first_status = -1;
+static uint32_t first_vendor;
+
+static void note_error(const struct ibv_wc *wc)
+{
+	if (first_status < 0) {
+		first_status = wc->status;
+		first_vendor = wc->vendor_err;
+	}
+}
+
+static void post_send(struct side *s, uint32_t remote_qpn, uint64_t id, uint32_t imm,
+		      uint32_t lkey, void *addr, uint32_t len)
+{
+	int err;
+
+	ibv_wr_start(s->qpx);
+	s->qpx->wr_id = id;
+	s->qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(s->qpx, htobe32(imm));
+	ibv_wr_set_sge(s->qpx, lkey, (uintptr_t)addr, len);
+	ibv_wr_set_ud_addr(s->qpx, s->ah, remote_qpn, QKEY);
+	err = ibv_wr_complete(s->qpx);
+	if (err)
+		die("ibv_wr_complete (send)", err);
+}
+
+static void post_recv(struct side *s, uint64_t id, uint32_t lkey, void *addr, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
+	struct ibv_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	int err = ibv_post_recv(s->qp, &wr, &bad);
+
+	if (err)
+		die("ibv_post_recv", err);
+}
+
+static int cmd_xfer(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1";
+	uint64_t size = 1 << 20, msg = 4096, count, i;
+	uint32_t seed = 1, window = 64;
+	int do_read = 1, a;
+	struct side src = { 0 }, dst = { 0 };
+	uint8_t *sbuf, *dbuf, *rbuf;
+	struct ibv_mr *smr, *dmr, *rmr;
+	uint8_t *seen;
+	uint64_t sent = 0, send_ok = 0, recv_ok = 0, posted_recv = 0, out_of_order = 0;
+	uint64_t duplicates = 0, bad_bytes = 0, read_bytes = 0, read_bad = 0, t0, deadline;
+	int failed = 0;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--src") && a + 1 < argc)
+			src_name = argv[++a];
+		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
+			dst_name = argv[++a];
+		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
+			size = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
+			msg = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
+			seed = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
+			window = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--no-read"))
+			do_read = 0;
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	if (size % msg || window == 0 || window > 512) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --window 1..512\n");
+		return 2;
+	}
+	count = size / msg;
+	side_open(&src, src_name, window);
+	side_open(&dst, dst_name, window);
+	if (msg > src.max_msg || msg > 65535) {
+		fprintf(stderr, "p2plab-efa-check: --msg %" PRIu64 " is over the port's max_msg_sz %u\n",
+			msg, src.max_msg);
+		return 2;
+	}
+	side_connect(&src, &dst);
+	side_connect(&dst, &src);
+	sbuf = alloc_buf(size);
+	dbuf = alloc_buf(size);
+	rbuf = alloc_buf(size);
+	seen = calloc(count, 1);
+	if (!seen)
+		die("calloc", ENOMEM);
+	fill(sbuf, size, seed);
+	smr = reg(&src, sbuf, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	dmr = reg(&dst, dbuf, size, IBV_ACCESS_LOCAL_WRITE);
+	rmr = reg(&dst, rbuf, size, IBV_ACCESS_LOCAL_WRITE);
+
+	t0 = now_ms();
+	deadline = t0 + TIMEOUT_MS;
+	/* Receives first, a window of them; each completion reposts the next slot. */
+	while (posted_recv < count && posted_recv < window) {
+		post_recv(&dst, posted_recv, dmr->lkey, dbuf + posted_recv * msg, msg);
+		posted_recv++;
+	}
+	while ((send_ok < count || recv_ok < count) && !failed) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		while (sent < count && sent - send_ok < window) {
+			post_send(&src, dst.qp->qp_num, sent, (uint32_t)sent, smr->lkey,
+				  sbuf + sent * msg, msg);
+			sent++;
+		}
+		n = ibv_poll_cq(src.cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+			}
+			send_ok++;
+		}
+		n = ibv_poll_cq(dst.cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			uint64_t slot = wc[k].wr_id, j;
+
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+				continue;
+			}
+			j = be32toh(wc[k].imm_data);
+			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || wc[k].byte_len != msg) {
+				failed = 1;
+				continue;
+			}
+			if (seen[j])
+				duplicates++;
+			seen[j] = 1;
+			out_of_order += j != slot;
+			bad_bytes += mismatches(dbuf + slot * msg, sbuf + j * msg, msg);
+			recv_ok++;
+			if (posted_recv < count) {
+				post_recv(&dst, posted_recv, dmr->lkey, dbuf + posted_recv * msg, msg);
+				posted_recv++;
+			}
+		}
+		if (now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: timed out (%" PRIu64 " sent OK, %" PRIu64
+				" received)\n", send_ok, recv_ok);
+			failed = 1;
+		}
+	}
+	if (do_read && !failed) {
+		uint64_t chunk = dst.max_rdma < (1u << 20) ? dst.max_rdma : (1u << 20), off;
+
+		for (off = 0; off < size && !failed; off += chunk) {
+			uint64_t len = size - off < chunk ? size - off : chunk;
+			struct ibv_wc wc;
+			int n, err;
+
+			ibv_wr_start(dst.qpx);
+			dst.qpx->wr_id = off;
+			dst.qpx->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_read(dst.qpx, smr->rkey, (uintptr_t)(sbuf + off));
+			ibv_wr_set_sge(dst.qpx, rmr->lkey, (uintptr_t)(rbuf + off), len);
+			ibv_wr_set_ud_addr(dst.qpx, dst.ah, src.qp->qp_num, QKEY);
+			err = ibv_wr_complete(dst.qpx);
+			if (err)
+				die("ibv_wr_complete (read)", err);
+			do {
+				n = ibv_poll_cq(dst.cq, 1, &wc);
+				if (!n && now_ms() > deadline) {
+					fprintf(stderr, "p2plab-efa-check: RDMA read timed out\n");
+					failed = 1;
+					break;
+				}
+			} while (!n);
+			if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS)) {
+				if (n == 1)
+					note_error(&wc);
+				failed = 1;
+			} else if (n == 1) {
+				read_bytes += len;
+			}
+		}
+		read_bad = mismatches(rbuf, sbuf, size);
+	}
+	printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", send_ok, recv_ok);
+	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\n", out_of_order, duplicates);
+	{
+		uint64_t missing = 0;
+
+		for (i = 0; i < count; i++)
+			missing += !seen[i];
+		printf("missing=%" PRIu64 "\n", missing);
+		failed |= missing != 0 || duplicates != 0;
+	}
+	printf("mismatched_bytes=%" PRIu64 "\n", bad_bytes);
+	printf("read_bytes=%" PRIu64 "\nread_mismatched_bytes=%" PRIu64 "\n", read_bytes, read_bad);
+	failed |= bad_bytes != 0 || read_bad != 0 || (do_read && read_bytes != size);
+	printf("verify=%s\n", failed ? "bad" : "ok");
+	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+	printf("ms=%" PRIu64 "\n", now_ms() - t0);
+	printf("max_msg_sz=%u\nmax_rdma_size=%u\n", src.max_msg, src.max_rdma);
+	return failed ? 1 : 0;
+}
+
+static int cmd_send_one(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1";
+	struct side src = { 0 }, dst = { 0 };
+	uint8_t *sbuf, *dbuf;
+	struct ibv_mr *smr, *dmr;
+	struct ibv_wc wc;
+	uint64_t deadline;
+	int a, n;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--src") && a + 1 < argc)
+			src_name = argv[++a];
+		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
+			dst_name = argv[++a];
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	side_open(&src, src_name, 4);
+	side_open(&dst, dst_name, 4);
+	side_connect(&src, &dst);
+	sbuf = alloc_buf(4096);
+	dbuf = alloc_buf(4096);
+	smr = reg(&src, sbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	dmr = reg(&dst, dbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	post_recv(&dst, 0, dmr->lkey, dbuf, 4096);
+	post_send(&src, dst.qp->qp_num, 7, 7, smr->lkey, sbuf, 64);
+	deadline = now_ms() + TIMEOUT_MS;
+	do {
+		n = ibv_poll_cq(src.cq, 1, &wc);
+	} while (n == 0 && now_ms() < deadline);
+	if (n != 1) {
+		fprintf(stderr, "p2plab-efa-check: no send completion\n");
+		return 2;
+	}
+	printf("status=%d\nstatus_name=%s\nvendor_err=%u\n", wc.status,
+	       ibv_wc_status_str(wc.status), wc.vendor_err);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 2 && !strcmp(argv[1], "xfer"))
+		return cmd_xfer(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "send-one"))
+		return cmd_send_one(argc, argv);
+	fprintf(stderr, "usage: p2plab-efa-check xfer|send-one [options] (see the source's header)\n");
+	return 2;
+}
