@@ -1240,6 +1240,7 @@ mod tests {
         ("lab", "max", Accel::Kvm, Accel::Kvm),
         ("lab-pmr", "max", Accel::Kvm, Accel::Kvm),
         ("rdma", "max", Accel::Kvm, Accel::Kvm),
+        ("rdma-efa", "max", Accel::Kvm, Accel::Kvm),
         ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
         (
             "rdma-separate",
