@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use p2plab_nic::descriptor::{encode, RingError, Status};
 use p2plab_nic::regs::*;
-use p2plab_server::testing::SpawnedServer;
-use p2plab_vfio_user::protocol::{cmd, flags, Header, HEADER_SIZE};
+use p2plab_server::testing::{RawClient, SpawnedServer};
+use p2plab_vfio_user::protocol::{cmd, Header};
 use p2plab_vfio_user::SharedMemory;
 use p2plab_wire::{Decoder, Frame, DEFAULT_MAX_PAYLOAD};
 
@@ -81,66 +81,6 @@ fn stop_cleanly(server: SpawnedServer) {
     let status = server.stop();
     assert!(status.success(), "the server exited with {status}:\n{log}");
     assert!(!log.contains("panicked"), "a thread panicked:\n{log}");
-}
-
-// ----- a raw vfio-user client, for what the server must refuse -----
-
-struct RawClient {
-    stream: UnixStream,
-    next_id: u16,
-}
-
-impl RawClient {
-    fn connect(socket: &Path) -> Self {
-        let stream = UnixStream::connect(socket).expect("raw connect");
-        stream.set_read_timeout(Some(PATIENCE)).unwrap();
-        let mut raw = Self { stream, next_id: 1 };
-        let mut version = Vec::new();
-        version.extend_from_slice(&0u16.to_ne_bytes());
-        version.extend_from_slice(&0u16.to_ne_bytes());
-        version.extend_from_slice(br#"{"capabilities":{"max_msg_fds":16}}"#);
-        version.push(0);
-        let (reply, _) = raw.call(cmd::VERSION, &version);
-        assert!(!reply.is_error(), "VERSION refused: {reply:?}");
-        raw
-    }
-
-    /// Sends one command; the reply's header and payload.
-    fn call(&mut self, command: u16, payload: &[u8]) -> (Header, Vec<u8>) {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut message = Header::command(id, command, payload.len())
-            .encode()
-            .to_vec();
-        message.extend_from_slice(payload);
-        self.stream.write_all(&message).unwrap();
-        let mut head = [0u8; HEADER_SIZE];
-        self.stream.read_exact(&mut head).expect("a reply");
-        let reply = Header::decode(&head);
-        assert_eq!(reply.msg_id, id, "reply to another message");
-        assert_eq!(reply.flags & flags::TYPE_MASK, flags::TYPE_REPLY);
-        let mut rest = vec![0u8; (reply.size as usize).saturating_sub(HEADER_SIZE)];
-        self.stream.read_exact(&mut rest).unwrap();
-        (reply, rest)
-    }
-
-    fn access(region: u32, offset: u64, count: u32) -> Vec<u8> {
-        let mut p = Vec::new();
-        p.extend_from_slice(&offset.to_ne_bytes());
-        p.extend_from_slice(&region.to_ne_bytes());
-        p.extend_from_slice(&count.to_ne_bytes());
-        p
-    }
-
-    fn region_read(&mut self, region: u32, offset: u64, count: u32) -> (Header, Vec<u8>) {
-        self.call(cmd::REGION_READ, &Self::access(region, offset, count))
-    }
-
-    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Header {
-        let mut p = Self::access(region, offset, data.len() as u32);
-        p.extend_from_slice(data);
-        self.call(cmd::REGION_WRITE, &p).0
-    }
 }
 
 // ----- a driver on rust-vmm's client -----
