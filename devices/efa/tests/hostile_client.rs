@@ -12,9 +12,10 @@
 //! rust-vmm's client cannot parse error replies; the server runs as a
 //! child process (`p2plab_server::testing::SpawnedServer`).
 
-use p2plab_efa::regs::{reg, ADMIN_API_VERSION, CONTROLLER_VERSION, DB_BAR, LLQ_BAR, REGS_BAR};
+use p2plab_efa::regs::{
+    reg, ADMIN_API_VERSION, CONTROLLER_VERSION, DB_BAR, LLQ_BAR, REGS_BAR, REGS_BAR_SIZE,
+};
 use p2plab_server::testing::{RawClient, SpawnedServer};
-use p2plab_vfio_user::protocol::{cmd, Header};
 
 const BAR0: u32 = REGS_BAR as u32;
 const CONFIG: u32 = 7;
@@ -49,31 +50,11 @@ fn write32(raw: &mut RawClient, offset: u64, value: u32) {
 fn malformed_region_accesses_get_errors_and_bad_writes_are_counted() {
     let server = efa("efa-hostile-regs");
     let mut raw = RawClient::connect(server.socket());
-    let refused: Vec<(&str, Header)> = vec![
-        ("read past BAR0", raw.region_read(BAR0, 4096, 4).0),
-        (
-            "write across its end",
-            raw.region_write(BAR0, 4092, &[0; 8]),
-        ),
-        (
-            "read at a wrapping offset",
-            raw.region_read(BAR0, u64::MAX - 1, 4).0,
-        ),
-        ("read of BAR3 (none)", raw.region_read(3, 0, 4).0),
-        ("write to region 42", raw.region_write(42, 0, &[0; 4])),
-        ("read of 2 MiB", raw.region_read(BAR0, 0, 2 << 20).0),
-        (
-            "LLQ read at a wrapping offset",
-            raw.region_read(u32::from(LLQ_BAR), u64::MAX - 3, 4).0,
-        ),
-        ("a count that lies", {
-            let mut p = RawClient::access(BAR0, reg::AQ_CAPS, 8);
-            p.extend_from_slice(&[0; 4]);
-            raw.call(cmd::REGION_WRITE, &p).0
-        }),
-        ("a short payload", raw.call(cmd::REGION_READ, &[0; 8]).0),
-        ("an unknown command", raw.call(99, &[]).0),
-    ];
+    let mut refused = raw.malformed_accesses(BAR0, REGS_BAR_SIZE, 3);
+    refused.push((
+        "an LLQ read at a wrapping offset",
+        raw.region_read(u32::from(LLQ_BAR), u64::MAX - 3, 4).0,
+    ));
     for (what, reply) in &refused {
         assert!(reply.is_error(), "{what}: answered without an error");
         assert_ne!(reply.error, 0, "{what}: error reply without an errno");

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use p2plab_nic::descriptor::{encode, RingError, Status};
 use p2plab_nic::regs::*;
 use p2plab_server::testing::{RawClient, SpawnedServer};
-use p2plab_vfio_user::protocol::{cmd, Header};
 use p2plab_vfio_user::SharedMemory;
 use p2plab_wire::{Decoder, Frame, DEFAULT_MAX_PAYLOAD};
 
@@ -241,27 +240,7 @@ impl Guest {
 fn malformed_register_accesses_get_errors_or_are_dropped_and_counted() {
     let server = nic("nic-hostile-regs", "loopback", &[]);
     let mut raw = RawClient::connect(server.socket());
-    let refused: Vec<(&str, Header)> = vec![
-        ("read past BAR0", raw.region_read(BAR0, 4096, 4).0),
-        (
-            "write across its end",
-            raw.region_write(BAR0, 4092, &[0; 8]),
-        ),
-        (
-            "read at a wrapping offset",
-            raw.region_read(BAR0, u64::MAX - 1, 4).0,
-        ),
-        ("write to BAR1 (none)", raw.region_write(1, 0, &[0; 4])),
-        ("read of region 42", raw.region_read(42, 0, 4).0),
-        ("read of 2 MiB", raw.region_read(BAR0, 0, 2 << 20).0),
-        ("a count that lies", {
-            let mut p = RawClient::access(BAR0, 0x18, 8);
-            p.extend_from_slice(&[0; 4]);
-            raw.call(cmd::REGION_WRITE, &p).0
-        }),
-        ("a short payload", raw.call(cmd::REGION_READ, &[0; 8]).0),
-        ("an unknown command", raw.call(99, &[]).0),
-    ];
+    let refused = raw.malformed_accesses(BAR0, 4096, 1);
     for (what, reply) in &refused {
         assert!(reply.is_error(), "{what}: answered without an error");
         assert_ne!(reply.error, 0, "{what}: error reply without an errno");

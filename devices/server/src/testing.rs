@@ -192,4 +192,43 @@ impl RawClient {
         p.extend_from_slice(data);
         self.call(cmd::REGION_WRITE, &p).0
     }
+
+    /// The accesses every device server must refuse with an error reply,
+    /// sent in turn, with what each is: past the end of `bar` (of
+    /// `bar_size` bytes) and across it, at a wrapping offset, to a BAR the
+    /// device does not have (`absent_bar`) and to region 42, of 2 MiB, a
+    /// write whose count lies about its payload, a short payload, an
+    /// unknown command.
+    pub fn malformed_accesses(
+        &mut self,
+        bar: u32,
+        bar_size: u64,
+        absent_bar: u32,
+    ) -> Vec<(&'static str, Header)> {
+        let lying = {
+            let mut p = Self::access(bar, 0, 8);
+            p.extend_from_slice(&[0; 4]);
+            p
+        };
+        vec![
+            ("a read past the BAR", self.region_read(bar, bar_size, 4).0),
+            (
+                "a write across its end",
+                self.region_write(bar, bar_size - 4, &[0; 8]),
+            ),
+            (
+                "a read at a wrapping offset",
+                self.region_read(bar, u64::MAX - 1, 4).0,
+            ),
+            (
+                "a write to a BAR the device does not have",
+                self.region_write(absent_bar, 0, &[0; 4]),
+            ),
+            ("a read of region 42", self.region_read(42, 0, 4).0),
+            ("a read of 2 MiB", self.region_read(bar, 0, 2 << 20).0),
+            ("a count that lies", self.call(cmd::REGION_WRITE, &lying).0),
+            ("a short payload", self.call(cmd::REGION_READ, &[0; 8]).0),
+            ("an unknown command", self.call(99, &[]).0),
+        ]
+    }
 }
