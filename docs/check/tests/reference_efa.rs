@@ -172,19 +172,7 @@ fn code_stats_keys() -> BTreeSet<String> {
 
 #[test]
 fn stats_keys_match_the_snapshot() {
-    let page = page();
-    let documented = set(page
-        .rows("stats.json", &["key"])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].clone()));
-    let code = code_stats_keys();
-    assert!(code.len() > 50, "{code:?}");
-    common::assert_none(differences(PAGE, "stats key", &documented, &code));
-    common::assert_none(common::dma_key_problems(
-        &page,
-        "Added by the server binary",
-    ));
+    common::assert_none(common::stats_key_problems(&page(), &code_stats_keys(), 51));
 }
 
 #[test]

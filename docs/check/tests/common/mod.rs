@@ -119,6 +119,28 @@ pub fn dma_key_problems(page: &Page, heading: &str) -> Vec<String> {
     problems
 }
 
+/// The device's own stats.json keys (the table under "stats.json") against
+/// the keys its model's counters serialise (`code`, at least `min_keys` of
+/// them, so a model that lost its counters fails too), both ways; and the
+/// DMA keys the server binary adds (under "Added by the server binary").
+pub fn stats_key_problems(page: &Page, code: &BTreeSet<String>, min_keys: usize) -> Vec<String> {
+    let documented: BTreeSet<String> = match page.rows("stats.json", &["key"]) {
+        Ok(rows) => rows.into_iter().map(|r| r[0].clone()).collect(),
+        Err(e) => return vec![e.to_string()],
+    };
+    let mut problems = Vec::new();
+    if code.len() < min_keys {
+        problems.push(format!(
+            "{}: the model serialises {} counters, fewer than {min_keys}: {code:?}",
+            page.path,
+            code.len()
+        ));
+    }
+    problems.extend(differences(&page.path, "stats key", &documented, code));
+    problems.extend(dma_key_problems(page, "Added by the server binary"));
+    problems
+}
+
 /// Fails with every problem, one per line.
 pub fn assert_none(problems: Vec<String>) {
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
