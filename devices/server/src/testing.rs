@@ -62,8 +62,12 @@ impl SpawnedServer {
         };
         let deadline = Instant::now() + PATIENCE;
         // The socket file appears at bind, before listen: a connect in
-        // between is refused. The server logs "listening" after both.
-        while !server.socket.exists() || !server.log().contains("listening") {
+        // between is refused. The transport logs "listening" after both
+        // (the control socket and the peer registry log their own
+        // "listening" lines earlier, so the transport's target is named).
+        while !server.socket.exists()
+            || !server.log().contains("p2plab_vfio_user::server: listening")
+        {
             assert!(
                 server.is_running(),
                 "the server exited before it listened:\n{}",
