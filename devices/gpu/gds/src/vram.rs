@@ -321,7 +321,10 @@ pub fn locate_with(
 pub fn physical_contiguous(addr: u64, len: u64) -> Result<u64> {
     let page = page_size();
     let first = addr / page;
-    let last = (addr + len.max(1) - 1) / page;
+    let last = addr
+        .checked_add(len.max(1) - 1)
+        .ok_or_else(|| GdsError::invalid("buffer range wraps"))?
+        / page;
     let count = usize::try_from(last - first + 1).map_err(|_| GdsError::invalid("too large"))?;
     let pagemap =
         File::open("/proc/self/pagemap").map_err(|e| GdsError::sys(&e, "opening pagemap"))?;

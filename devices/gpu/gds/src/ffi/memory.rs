@@ -118,6 +118,11 @@ pub extern "C" fn p2plab_gds_buf_register(ptr: *const c_void, size: usize, flags
         }
         let addr = ptr as u64;
         let len = size as u64;
+        // A range that wraps the address space is no buffer; refusing it
+        // here keeps every `addr + len` below in range.
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| GdsError::invalid("[ptr, ptr + size) wraps the address space"))?;
         let (driver, alloc) = with_state(|s| {
             if overlaps_registration(s, addr, len) {
                 return Err(GdsError::new(
@@ -129,7 +134,7 @@ pub extern "C" fn p2plab_gds_buf_register(ptr: *const c_void, size: usize, flags
                 .allocs
                 .range(..=addr)
                 .next_back()
-                .filter(|(a, m)| addr + len <= *a + m.len() as u64)
+                .filter(|(a, m)| a.checked_add(m.len() as u64).is_some_and(|e| end <= e))
                 .map(|(_, m)| m.clone());
             Ok((s.driver.clone(), alloc))
         })?;

@@ -394,6 +394,13 @@ mod tests {
             p2plab_gds_buf_register(host.as_ptr().cast(), host.len(), 7).err,
             ErrorCode::InvalidValue as i32
         );
+        // A range that wraps the address space (the cufile_c_abi fuzz
+        // target found the add overflowing into a panic): refused.
+        let near_top = (u64::MAX - 4095) as usize as *const c_void;
+        assert_eq!(
+            p2plab_gds_buf_register(near_top, 1 << 20, 0).err,
+            ErrorCode::InvalidValue as i32
+        );
 
         // I/O into an unregistered buffer: a library code, the report says so.
         let mut report = std::mem::MaybeUninit::<CIoReport>::zeroed();
