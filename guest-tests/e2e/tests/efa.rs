@@ -41,7 +41,8 @@
 //!      QEMU, data lost or misplaced on the way.
 //!    - 3c: `gpu-pinned`: while efa_1's MR pins a dma-buf of gpu1 allocation A
 //!      (its fd closed): FREE A returns 0 but the kernel's p2pmem/available
-//!      does not get A's bytes back (a new allocation lands elsewhere), SENDs
+//!      does not get A's bytes back (a new allocation B lands elsewhere, and
+//!      SENDs into A's MR leave B's contents alone), SENDs
 //!      still land in A's VRAM (the engine's CRC); a function reset of gpu1
 //!      keeps A's VRAM too (the same checks again); `ibv_dereg_mr` gives the
 //!      bytes back and `dmabuf_pins` returns to its base. Then the exporter's
@@ -426,15 +427,6 @@ fn check_gpu_memory(run: &GuestRun) {
     pinned.expect("EXIT", "0");
     pinned.expect("FREE_RET", "0");
     pinned.expect("RESET_RET", "0");
-    let base = run.fact_u64("PINNED_PINS_BASE");
-    assert_eq!(
-        pinned.fact_u64("PINS_REG"),
-        base + 1,
-        "the MR pinned the dma-buf"
-    );
-    assert_eq!(pinned.fact_u64("PINS_FREED"), base + 1);
-    assert_eq!(pinned.fact_u64("PINS_RESET"), base + 1);
-    assert_eq!(pinned.fact_u64("PINS_DEREG"), base, "dereg unpinned it");
     let avail = |step: &str| pinned.fact_u64(&format!("AVAIL_{step}"));
     assert_eq!(
         avail("START") - avail("ALLOC"),
@@ -457,6 +449,16 @@ fn check_gpu_memory(run: &GuestRun) {
         b + PINNED_SIZE <= a || a + PINNED_SIZE <= b,
         "B at {b:#x} overlaps the pinned A at {a:#x}"
     );
+    pinned.expect("B_INTACT", "1");
+    let base = run.fact_u64("PINNED_PINS_BASE");
+    assert_eq!(
+        pinned.fact_u64("PINS_REG"),
+        base + 1,
+        "the MR pinned the dma-buf"
+    );
+    assert_eq!(pinned.fact_u64("PINS_FREED"), base + 1);
+    assert_eq!(pinned.fact_u64("PINS_RESET"), base + 1);
+    assert_eq!(pinned.fact_u64("PINS_DEREG"), base, "dereg unpinned it");
     for when in ["AFTER_FREE", "AFTER_RESET"] {
         assert_eq!(
             pinned.fact_u64(&format!("{when}_RECV_OK")),

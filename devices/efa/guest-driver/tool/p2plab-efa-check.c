@@ -55,7 +55,8 @@
  *       GPU engine's CRC32C of A's VRAM against the data sent:
  *       avail_{start,alloc,freed,reset,dereg}, pins_{reg,freed,reset,dereg},
  *       a_offset, b_offset, free_ret, reset_ret, after_free_recv_ok,
- *       after_free_crc_ok, after_reset_recv_ok, after_reset_crc_ok.
+ *       after_free_crc_ok, b_intact (B still holds what its owner wrote),
+ *       after_reset_recv_ok, after_reset_crc_ok.
  *       Exit 0 if every step ran (the host judges the facts), 2 otherwise.
  */
 #include <endian.h>
@@ -924,6 +925,12 @@ static int cmd_gpu_pinned(int argc, char **argv)
 		/* In place when in order; A's VRAM read by the engine, by offset. */
 		crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, ab.vram_offset, 0, size, 0);
 		printf("%s_crc_ok=%d\n", when, !r.out_of_order && crc == crc32c(sbuf, size));
+		if (!step) {
+			/* B, all ones, was not written by the EFA. */
+			memset(sbuf, 0xff, size);
+			crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, bb.vram_offset, 0, size, 0);
+			printf("b_intact=%d\n", crc == crc32c(sbuf, size));
+		}
 	}
 
 	if (ibv_dereg_mr(amr))
