@@ -146,12 +146,13 @@ struct p2plab_gpu {
 	 */
 	struct mutex alloc_lock;
 	struct list_head allocs;
-	struct list_head retained;	/* freed allocations held by persistent pins */
+	struct list_head retained;	/* revoked allocations whose VRAM pins still hold */
 	u32 next_handle;
 	bool allocs_closed;		/* remove started: no new allocations */
 	struct p2pdma_provider *provider;	/* BAR2 for dma-buf mappings */
 	atomic_t p2p_revocations;	/* free callbacks run */
 	atomic_t dmabuf_revocations;	/* dma-bufs invalidated by a revoke */
+	atomic_t dmabuf_pins;		/* dma-buf attachments pinned now */
 	atomic_t p2p_pins;		/* page tables of both APIs not yet freed */
 	atomic_t p2p_maps;		/* their DMA mappings not yet freed */
 	atomic_t p2p_bus_addr_maps;	/* mappings made with PCI bus addresses */
@@ -660,7 +661,7 @@ static const struct file_operations p2plab_gpu_fops;
 struct gpu_alloc {
 	struct kref ref;
 	struct list_head node;		/* gpu->allocs while owned, under alloc_lock */
-	struct list_head retained;	/* gpu->retained: freed, held by persistent pins */
+	struct list_head retained;	/* gpu->retained: revoked, VRAM held by pins */
 	struct p2plab_gpu *gpu;		/* holds a reference on gpu->dev */
 	struct gpu_file *owner;		/* NULL once freed by its owner */
 	u32 handle;
@@ -672,6 +673,14 @@ struct gpu_alloc {
 	bool revoked;			/* under alloc_lock */
 	struct list_head pins;		/* struct gpu_pin, under alloc_lock */
 	struct list_head dmabufs;	/* struct gpu_dmabuf, under alloc_lock */
+	/*
+	 * dma-buf attachments pinned (dma_buf_pin) on this allocation's
+	 * dma-bufs. Changed under a dma-buf's reservation lock, which ranks
+	 * below alloc_lock, so it is atomic: alloc_revoke reads it after it
+	 * marked every dma-buf revoked (no pin can come after that), and the
+	 * last unpin's detach gives revoked VRAM back (alloc_vram_if_idle).
+	 */
+	atomic_t dmabuf_pins;
 };
 
 /* Which API made a pin, and so what its page table looks like. */
@@ -744,6 +753,7 @@ struct gpu_dmabuf {
 	struct phys_vec range;
 	struct p2pdma_provider *provider;
 	bool revoked;			/* under the dma-buf's reservation lock */
+	unsigned int pins;		/* pinned attachments, under the reservation lock */
 };
 
 static void alloc_release(struct kref *ref)
@@ -790,16 +800,38 @@ static void pin_tear_down(struct gpu_pin *pin)
 	}
 }
 
+/* Why an allocation is revoked, which decides what its pins keep. */
+enum revoke_mode {
+	REVOKE_FREE,		/* FREE, the owner's close */
+	REVOKE_RESET,		/* a function reset */
+	REVOKE_UNBIND,		/* the driver lets go of the device */
+};
+
+/* Under alloc_lock: does anything still hold @a's VRAM? */
+static bool alloc_vram_held(struct gpu_alloc *a)
+{
+	return !list_empty(&a->pins) || atomic_read(&a->dmabuf_pins);
+}
+
 /*
  * Takes @a out of service: every pinned page table gets its free callback,
- * every dma-buf is invalidated, user mappings of the range are zapped, and
- * only then does the VRAM go back to the pool. Persistent pins keep it
- * (the allocation waits on gpu->retained) unless @hard (a reset or unbind,
- * which lose the memory whatever holds it): then they are torn down with
- * a warning, since nobody can be told. Idempotent; sleeps.
+ * every dma-buf is invalidated (dynamic importers unmap), user mappings of
+ * the range are zapped, and only then does the VRAM go back to the pool.
+ *
+ * Pins that cannot be told keep the VRAM (the allocation waits on
+ * gpu->retained): persistent peer-memory pins, and pinned dma-buf
+ * attachments (dma_buf_pin, e.g. an RDMA MR from
+ * ib_umem_dmabuf_get_pinned), as amdgpu keeps a pinned BO's VRAM and
+ * habanalabs exported memory. A reset loses the persistent pins' mappings
+ * (torn down with a warning: nobody can be told) but not the VRAM under a
+ * pinned dma-buf, which the importer's device may still reach: it goes
+ * back when the last such attachment is unpinned and detached. Unbind
+ * takes everything, since the BAR itself goes away. Idempotent; sleeps.
  */
-static void alloc_revoke(struct gpu_alloc *a, bool hard, const char *why)
+static void alloc_revoke(struct gpu_alloc *a, enum revoke_mode mode, const char *why)
 {
+	bool hard = mode != REVOKE_FREE;
+	unsigned int dmabuf_pins = 0;
 	struct p2plab_gpu *gpu = a->gpu;
 	struct gpu_pin *pin, *tmp;
 	struct gpu_dmabuf *db;
@@ -839,7 +871,11 @@ static void alloc_revoke(struct gpu_alloc *a, bool hard, const char *why)
 		atomic_inc(&gpu->dmabuf_revocations);
 		fput(db->dmabuf->file);
 	}
-	if (list_empty(&a->pins)) {
+	/* Every dma-buf is marked revoked now: no new pin can come. */
+	dmabuf_pins = atomic_read(&a->dmabuf_pins);
+	if (!a->p2p_va) {
+		/* Given back already. */
+	} else if (list_empty(&a->pins) && (mode == REVOKE_UNBIND || !dmabuf_pins)) {
 		va = alloc_take_vram(a, &size);
 		if (!list_empty(&a->retained)) {
 			list_del_init(&a->retained);
@@ -855,6 +891,14 @@ static void alloc_revoke(struct gpu_alloc *a, bool hard, const char *why)
 		dev_warn(&gpu->pdev->dev,
 			 "%s took VRAM %#llx+%#llx from %u persistent peer-memory pin(s): no callback to tell their importer, whose DMA addresses are now stale\n",
 			 why, a->offset, a->size, torn);
+	if (va && dmabuf_pins)
+		dev_warn(&gpu->pdev->dev,
+			 "%s took VRAM %#llx+%#llx from %u pinned dma-buf attachment(s)\n",
+			 why, a->offset, a->size, dmabuf_pins);
+	else if (dmabuf_pins && first)
+		dev_info(&gpu->pdev->dev,
+			 "%s: VRAM %#llx+%#llx stays allocated while %u dma-buf attachment(s) pin it\n",
+			 why, a->offset, a->size, dmabuf_pins);
 
 	/* No lock held: the callbacks may sleep and call back into us. */
 	list_for_each_entry_safe(pin, tmp, &pins, node) {
@@ -881,7 +925,7 @@ static void alloc_revoke(struct gpu_alloc *a, bool hard, const char *why)
  * Revokes every allocation, and tears down the persistent pins of freed
  * ones (reset, unbind); owners keep their handles.
  */
-static void revoke_all_allocs(struct p2plab_gpu *gpu, const char *why)
+static void revoke_all_allocs(struct p2plab_gpu *gpu, enum revoke_mode mode, const char *why)
 {
 	struct gpu_alloc *a;
 
@@ -895,14 +939,26 @@ static void revoke_all_allocs(struct p2plab_gpu *gpu, const char *why)
 				break;
 			}
 		}
-		if (!found && !list_empty(&gpu->retained))
-			found = list_first_entry(&gpu->retained, struct gpu_alloc, retained);
+		/*
+		 * Retained ones with something left to take: persistent pins
+		 * (torn down by both), or the VRAM itself at unbind. One that
+		 * only pinned dma-bufs hold keeps its VRAM over a reset.
+		 */
+		if (!found) {
+			list_for_each_entry(a, &gpu->retained, retained) {
+				if (a->p2p_va &&
+				    (!list_empty(&a->pins) || mode == REVOKE_UNBIND)) {
+					found = a;
+					break;
+				}
+			}
+		}
 		if (found)
 			kref_get(&found->ref);
 		mutex_unlock(&gpu->alloc_lock);
 		if (!found)
 			return;
-		alloc_revoke(found, true, why);
+		alloc_revoke(found, mode, why);
 		alloc_put(found);
 	}
 }
@@ -989,7 +1045,7 @@ static long ioctl_alloc(struct gpu_file *gf, struct p2plab_gpu_alloc __user *uar
 		list_del(&a->node);
 		a->owner = NULL;
 		mutex_unlock(&gpu->alloc_lock);
-		alloc_revoke(a, false, "ALLOC");
+		alloc_revoke(a, REVOKE_FREE, "ALLOC");
 		alloc_put(a);
 		return -EFAULT;
 	}
@@ -1035,7 +1091,7 @@ static long ioctl_free(struct gpu_file *gf, u32 __user *uhandle)
 	a = alloc_find(gf, handle, true);
 	if (!a)
 		return -ENOENT;
-	alloc_revoke(a, false, "FREE");
+	alloc_revoke(a, REVOKE_FREE, "FREE");
 	alloc_put(a);
 	return 0;
 }
@@ -1060,7 +1116,7 @@ static void free_file_allocs(struct gpu_file *gf)
 		mutex_unlock(&gpu->alloc_lock);
 		if (!found)
 			return;
-		alloc_revoke(found, false, "close");
+		alloc_revoke(found, REVOKE_FREE, "close");
 		alloc_put(found);
 	}
 }
@@ -1201,7 +1257,7 @@ static int pin_unpin(struct gpu_pin *pin)
 	}
 	/* A torn-down persistent pin is off the list already. */
 	list_del_init(&pin->node);
-	if (a->revoked && a->p2p_va && list_empty(&a->pins)) {
+	if (a->revoked && a->p2p_va && !alloc_vram_held(a)) {
 		va = alloc_take_vram(a, &size);
 		list_del_init(&a->retained);
 		drop = true;
@@ -1964,6 +2020,75 @@ static void gpu_dmabuf_unmap(struct dma_buf_attachment *attach, struct sg_table 
 	dma_buf_free_sgt(attach, sgt, dir);
 }
 
+/*
+ * dma_buf_pin, under the reservation lock: the importer (a pinned one
+ * such as ib_umem_dmabuf_get_pinned, which never hears invalidate_mappings)
+ * keeps its mapping until it unpins. VRAM never moves here, so pinning
+ * only has to keep it allocated: alloc_revoke leaves a pinned
+ * allocation's VRAM out of the pool until the last pin is gone. A revoked
+ * dma-buf cannot be pinned (its VRAM may be back in the pool).
+ */
+static int gpu_dmabuf_pin(struct dma_buf_attachment *attach)
+{
+	struct gpu_dmabuf *db = attach->dmabuf->priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	if (db->revoked)
+		return -ENODEV;
+	db->pins++;
+	atomic_inc(&db->alloc->dmabuf_pins);
+	atomic_inc(&db->alloc->gpu->dmabuf_pins);
+	return 0;
+}
+
+/*
+ * dma_buf_unpin, under the reservation lock, which ranks below alloc_lock:
+ * the VRAM of a revoked allocation goes back at the importer's detach
+ * (gpu_dmabuf_detach), where alloc_lock may be taken.
+ */
+static void gpu_dmabuf_unpin(struct dma_buf_attachment *attach)
+{
+	struct gpu_dmabuf *db = attach->dmabuf->priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	if (!db->pins)
+		return;
+	db->pins--;
+	atomic_dec(&db->alloc->dmabuf_pins);
+	atomic_dec(&db->alloc->gpu->dmabuf_pins);
+}
+
+/* A revoked allocation nothing pins any more gives its VRAM back. */
+static void alloc_vram_if_idle(struct gpu_alloc *a)
+{
+	struct p2plab_gpu *gpu = a->gpu;
+	bool drop = false;
+	size_t size = 0;
+	void *va = NULL;
+
+	mutex_lock(&gpu->alloc_lock);
+	if (a->revoked && a->p2p_va && !alloc_vram_held(a)) {
+		va = alloc_take_vram(a, &size);
+		if (!list_empty(&a->retained)) {
+			list_del_init(&a->retained);
+			drop = true;
+		}
+	}
+	mutex_unlock(&gpu->alloc_lock);
+	if (va)
+		pci_free_p2pmem(gpu->pdev, va, size);
+	if (drop)
+		alloc_put(a);
+}
+
+/* Called unlocked after the importer unpinned and unmapped. */
+static void gpu_dmabuf_detach(struct dma_buf *dmabuf, struct dma_buf_attachment *attach)
+{
+	struct gpu_dmabuf *db = dmabuf->priv;
+
+	alloc_vram_if_idle(db->alloc);
+}
+
 static void gpu_dmabuf_release(struct dma_buf *dmabuf)
 {
 	struct gpu_dmabuf *db = dmabuf->priv;
@@ -1978,6 +2103,9 @@ static void gpu_dmabuf_release(struct dma_buf *dmabuf)
 
 static const struct dma_buf_ops gpu_dmabuf_ops = {
 	.attach = gpu_dmabuf_attach,
+	.detach = gpu_dmabuf_detach,
+	.pin = gpu_dmabuf_pin,
+	.unpin = gpu_dmabuf_unpin,
 	.map_dma_buf = gpu_dmabuf_map,
 	.unmap_dma_buf = gpu_dmabuf_unmap,
 	.release = gpu_dmabuf_release,
@@ -2187,6 +2315,15 @@ static ssize_t dmabuf_revocations_show(struct device *dev, struct device_attribu
 }
 static DEVICE_ATTR_RO(dmabuf_revocations);
 
+/* dma-buf attachments pinned now (dma_buf_pin, e.g. RDMA MRs of VRAM). */
+static ssize_t dmabuf_pins_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct p2plab_gpu *gpu = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%d\n", atomic_read(&gpu->dmabuf_pins));
+}
+static DEVICE_ATTR_RO(dmabuf_pins);
+
 /* Page tables (both peer-memory APIs) pinned and not yet freed. */
 static ssize_t p2p_pins_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
@@ -2258,6 +2395,7 @@ static struct attribute *p2plab_gpu_attrs[] = {
 	&dev_attr_irq_recoveries.attr,
 	&dev_attr_p2p_revocations.attr,
 	&dev_attr_dmabuf_revocations.attr,
+	&dev_attr_dmabuf_pins.attr,
 	&dev_attr_p2p_pins.attr,
 	&dev_attr_p2p_maps.attr,
 	&dev_attr_p2p_bus_addr_maps.attr,
@@ -2493,7 +2631,7 @@ static void p2plab_gpu_remove(struct pci_dev *pdev)
 	mutex_lock(&gpu->alloc_lock);
 	gpu->allocs_closed = true;
 	mutex_unlock(&gpu->alloc_lock);
-	revoke_all_allocs(gpu, "unbind");
+	revoke_all_allocs(gpu, REVOKE_UNBIND, "unbind");
 
 	/* Zap VRAM mappings: later accesses get SIGBUS, not a stale BAR. */
 	mutex_lock(&gpu->map_lock);
@@ -2537,7 +2675,7 @@ static void p2plab_gpu_reset_prepare(struct pci_dev *pdev)
 	WRITE_ONCE(gpu->resetting, true);
 	wake_up_all(&gpu->wq);
 	/* A reset loses VRAM: importers must stop using it first. */
-	revoke_all_allocs(gpu, "a function reset");
+	revoke_all_allocs(gpu, REVOKE_RESET, "a function reset");
 	down_write(&gpu->hw_lock);
 	if (engine_stop(gpu))
 		reap_zombies(gpu, true);

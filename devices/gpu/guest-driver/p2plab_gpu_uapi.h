@@ -101,7 +101,9 @@ struct p2plab_gpu_job {
  * last reference, process exit). Freeing revokes it: peer-memory pins
  * (p2plab_p2p.h, nv-p2p.h) get their free callback, dma-bufs exported from
  * it get move_notify and refuse new mappings; persistent pins
- * (nvidia_p2p_get_pages_persistent) keep the VRAM until they are put.
+ * (nvidia_p2p_get_pages_persistent) keep the VRAM until they are put, and
+ * pinned dma-buf attachments (dma_buf_pin, e.g. an RDMA MR) until they are
+ * unpinned and detached (a function reset does not take it from them).
  * Errors: EINVAL size 0 or too big, ENOMEM no room, ENODEV no p2pmem or
  * device gone; FREE: ENOENT unknown handle.
  */

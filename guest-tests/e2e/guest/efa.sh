@@ -1,11 +1,14 @@
 #!/bin/bash
 # The efa suite's guest script for `rdma-efa` (tests/efa.rs has the steps):
 # the unmodified efa driver probes efa0 and efa1, ibv_devinfo, perftest's
-# SRD tests, RAM to RAM through both devices with p2plab-efa-check, the
-# guest's hardware counters against the servers', injected faults.
+# SRD tests, RAM to RAM through both devices with p2plab-efa-check, GPU
+# memory to GPU memory through dma-buf MRs, the guest's hardware counters
+# against the servers', injected faults.
 set -u
-# Bytes of the checked transfers and their SEND size; perftest iterations.
+# Bytes of the checked transfers and their SEND size; perftest iterations;
+# bytes of the GPU-to-GPU transfer and of the pinned allocation.
 : "${XFER_SIZE:?bytes}" "${XFER_MSG:?bytes}" "${ITERS:?count}"
+: "${GPU_SIZE:?bytes}" "${PINNED_SIZE:?bytes}"
 say() { echo "$1=$2"; }
 # facts PREFIX: key=value lines as PREFIX_KEY=value facts.
 facts() { while IFS='=' read -r k v; do echo "$1_$(echo "$k" | tr a-z A-Z)=$v"; done; }
@@ -46,6 +49,34 @@ p2plab-efa-check xfer --src efa_0 --dst efa_1 --size "$XFER_SIZE" --msg "$XFER_M
 say XFER_EXIT $?
 facts XFER < /tmp/x1
 snapshot after-xfer
+
+# --- 3b. GPU memory to GPU memory through dma-buf MRs (issue 25) ---------------
+# gpu0's VRAM behind efa_0, gpu1's behind efa_1; the servers' counters
+# around it say which path the bytes took.
+servers() { # servers NAME: every server's status
+  for d in efa0 efa1 gpu0 gpu1; do p2plab-ctl $d status > "$out/$1-$d.json" 2>/dev/null; done
+}
+for g in 0 1; do say "GPU${g}_VRAM_SIZE" "$(p2plab-gpu-tool -d /dev/p2plab-gpu$g info 2>/dev/null | sed -n 's/^vram_size: //p')"; done
+warnings() { dmesg | grep -c -e 'WARNING:' -e 'BUG:' -e 'circular locking' -e 'Call Trace:'; }
+say GPU_WARNINGS_BEFORE "$(warnings)"
+servers before-gpu
+p2plab-efa-check gpu-xfer --src efa_0 --dst efa_1 --src-gpu /dev/p2plab-gpu0 --dst-gpu /dev/p2plab-gpu1 \
+  --size "$GPU_SIZE" --msg "$XFER_MSG" --seed 5 > /tmp/g1 2>&1
+say GPU_EXIT $?
+facts GPU < /tmp/g1
+servers after-gpu
+# FREE and a function reset of gpu1 while efa_1's MR pins a dma-buf of it.
+pins_base=$(cat /sys/class/p2plab-gpu/p2plab-gpu1/dmabuf_pins 2>/dev/null)
+say PINNED_PINS_BASE "$pins_base"
+p2plab-efa-check gpu-pinned --src efa_0 --dst efa_1 --gpu /dev/p2plab-gpu1 --size "$PINNED_SIZE" --msg "$XFER_MSG" > /tmp/g2 2>&1
+say PINNED_EXIT $?
+facts PINNED < /tmp/g2
+# The exporter's dynamic importers still work (p2plab_p2p_test's dma-buf
+# scenario, efa0 as the importing device: attach, map, revoke on FREE).
+modprobe p2plab_p2p_test; say P2P_TEST_MODPROBE $?
+efa0_bdf=$(basename "$(readlink -f /sys/class/infiniband/efa_0/device)")
+p2plab-gpu-tool p2p-scenario "$efa0_bdf" 1M dmabuf DYN; say DYN_STATUS $?
+say GPU_WARNINGS_AFTER "$(warnings)"
 
 # --- 4. perftest: SRD bandwidth and latency between efa_0 and efa_1 ------------
 # perftest_run NAME ARGS...: the server on efa_0, the client on efa_1 over

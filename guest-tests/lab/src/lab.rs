@@ -1249,6 +1249,12 @@ mod tests {
             Accel::Tcg,
         ),
         (
+            "rdma-efa-separate",
+            "max,vendor=GenuineIntel",
+            Accel::Kvm,
+            Accel::Tcg,
+        ),
+        (
             "same-switch-acs",
             "max,vendor=GenuineIntel",
             Accel::Kvm,

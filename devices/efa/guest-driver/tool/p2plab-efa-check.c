@@ -25,9 +25,43 @@
  *       One SEND of 64 bytes; prints the send completion's status
  *       (status=, status_name=, vendor_err=), whatever it is. Exit 0 if
  *       a completion came (even an error), 2 otherwise.
+ *   p2plab-efa-check gpu-xfer [--src efa_0] [--dst efa_1]
+ *                   [--src-gpu /dev/p2plab-gpu0] [--dst-gpu /dev/p2plab-gpu1]
+ *                   [--size BYTES] [--msg BYTES] [--seed N] [--window N]
+ *       GPU memory to GPU memory (GPUDirect RDMA): three allocations
+ *       exported by the GPU driver as dma-bufs (P2PLAB_GPU_IOC_EXPORT_DMABUF)
+ *       and registered with ibv_reg_dmabuf_mr (the source on --src, the
+ *       destination and a read-back buffer on --dst). The source is loaded
+ *       with a seeded pattern by the GPU's engine; SRD SENDs move it into
+ *       the destination (out-of-order deliveries are put back in place by
+ *       the GPU's engine afterwards), then --dst RDMA-reads the source into
+ *       the read-back buffer. The GPU's engine checksums all three (CRC32C)
+ *       and they must equal the pattern's CRC32C computed here: no byte of
+ *       the payload is looked at by the CPU.
+ *       key=value lines: src_gpu_pci, dst_gpu_pci, messages, bytes,
+ *       send_ok, recv_ok, out_of_order, duplicates, missing, read_bytes,
+ *       expected_crc, src_crc, dst_crc, read_crc, verify, first_error_status,
+ *       first_vendor_err, ms. When a registration is refused: reg_errno=,
+ *       reg_error= and exit 3.
+ *   p2plab-efa-check gpu-pinned [--src efa_0] [--dst efa_1]
+ *                   [--gpu /dev/p2plab-gpu1] [--size BYTES] [--msg BYTES]
+ *       What the GPU's dma-buf exporter does while the EFA driver's pinned
+ *       import (ib_umem_dmabuf_get_pinned) holds an allocation A: A is
+ *       registered on --dst and its dma-buf fd closed, then A is FREEd, a
+ *       new allocation B is made, SENDs from RAM land in A's MR, the GPU
+ *       gets a function reset (sysfs reset), SENDs land again, and the MR
+ *       is deregistered. After each step it prints the kernel's
+ *       p2pmem/available of the GPU and the driver's dmabuf_pins, and the
+ *       GPU engine's CRC32C of A's VRAM against the data sent:
+ *       avail_{start,alloc,freed,reset,dereg}, pins_{reg,freed,reset,dereg},
+ *       a_offset, b_offset, free_ret, reset_ret, after_free_recv_ok,
+ *       after_free_crc_ok, b_intact (B still holds what its owner wrote),
+ *       after_reset_recv_ok, after_reset_crc_ok.
+ *       Exit 0 if every step ran (the host judges the facts), 2 otherwise.
  */
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,8 +70,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/ioctl.h>
+
 #include <infiniband/efadv.h>
 #include <infiniband/verbs.h>
+
+#include "p2plab_gpu_uapi.h"
 
 #define QKEY 0x11111111u
 #define CQ_DEPTH 1024
@@ -468,6 +506,441 @@ static int cmd_send_one(int argc, char **argv)
 	return 0;
 }
 
+
+/* ---- GPU memory through dma-buf MRs ---------------------------------- */
+
+/* Where dma-buf MRs start in their MR's address space (any page-aligned value). */
+#define GPU_IOVA (1ull << 40)
+
+/* CRC32C (Castagnoli, reflected, as the GPU's CHECKSUM computes it). */
+static uint32_t crc32c(const uint8_t *p, size_t len)
+{
+	uint32_t crc = ~0u;
+	size_t i;
+	int k;
+
+	for (i = 0; i < len; i++) {
+		crc ^= p[i];
+		for (k = 0; k < 8; k++)
+			crc = (crc >> 1) ^ (0x82f63b78u & -(crc & 1));
+	}
+	return ~crc;
+}
+
+/* Runs one GPU engine job; exits on failure. */
+static uint32_t gpu_job(int gpu, uint32_t op, uint64_t src, uint64_t dst, uint64_t len,
+			uint32_t pattern)
+{
+	struct p2plab_gpu_job job = { .op = op, .src = src, .dst = dst, .len = len,
+				      .pattern = pattern, .timeout_ms = 120000 };
+
+	if (ioctl(gpu, P2PLAB_GPU_IOC_SUBMIT, &job) || job.status) {
+		fprintf(stderr, "p2plab-efa-check: GPU job %u: %s, status %#x\n", op,
+			strerror(errno), job.status);
+		exit(2);
+	}
+	return job.result;
+}
+
+/* A GPU allocation and its dma-buf. */
+struct gpu_buf {
+	int gpu;
+	uint64_t size;
+	uint64_t vram_offset;
+	uint32_t handle;
+	int fd;			/* the dma-buf */
+};
+
+static int gpu_open(const char *path, char *pci, size_t pci_len)
+{
+	struct p2plab_gpu_info info = { 0 };
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		die(path, errno);
+	if (ioctl(fd, P2PLAB_GPU_IOC_INFO, &info))
+		die("GPU INFO", errno);
+	snprintf(pci, pci_len, "%s", info.pci_name);
+	return fd;
+}
+
+static void gpu_alloc(struct gpu_buf *b, int gpu, uint64_t size)
+{
+	struct p2plab_gpu_alloc a = { .size = size };
+	struct p2plab_gpu_export_dmabuf ex = { 0 };
+
+	if (ioctl(gpu, P2PLAB_GPU_IOC_ALLOC, &a))
+		die("GPU ALLOC", errno);
+	b->gpu = gpu;
+	b->size = a.size;
+	b->vram_offset = a.vram_offset;
+	b->handle = a.handle;
+	ex.handle = a.handle;
+	ex.flags = O_RDWR | O_CLOEXEC;
+	if (ioctl(gpu, P2PLAB_GPU_IOC_EXPORT_DMABUF, &ex))
+		die("GPU EXPORT_DMABUF", errno);
+	b->fd = ex.fd;
+}
+
+/* ibv_reg_dmabuf_mr of a whole GPU buffer; a refusal is reported and exits 3. */
+static struct ibv_mr *reg_gpu(struct side *s, const struct gpu_buf *b, int access)
+{
+	struct ibv_mr *mr = ibv_reg_dmabuf_mr(s->pd, 0, b->size, GPU_IOVA, b->fd, access);
+
+	if (!mr) {
+		int e = errno;
+
+		printf("reg_errno=%d\nreg_error=%s\n", e, strerror(e));
+		fprintf(stderr, "p2plab-efa-check: ibv_reg_dmabuf_mr on %s: %s\n", s->name,
+			strerror(e));
+		exit(3);
+	}
+	return mr;
+}
+
+/*
+ * SENDs @count messages of @msg bytes from [@saddr, lkey @skey) on @src
+ * into [@daddr, lkey @dkey) on @dst, a receive per slot; slot_msg[k] is
+ * the message slot k got (SRD may reorder). Returns 0 when all arrived
+ * once and completed OK.
+ */
+struct send_result {
+	uint64_t send_ok, recv_ok, out_of_order, duplicates, missing;
+};
+
+static int send_all(struct side *src, struct side *dst, uint32_t skey, uint64_t saddr,
+		    uint32_t dkey, uint64_t daddr, uint64_t count, uint64_t msg, uint32_t window,
+		    uint64_t *slot_msg, struct send_result *r)
+{
+	uint64_t sent = 0, posted = 0, deadline = now_ms() + TIMEOUT_MS, i;
+	uint8_t *seen = calloc(count, 1);
+	int failed = 0;
+
+	if (!seen)
+		die("calloc", ENOMEM);
+	memset(r, 0, sizeof(*r));
+	while (posted < count && posted < window) {
+		post_recv(dst, posted, dkey, (void *)(uintptr_t)(daddr + posted * msg), msg);
+		posted++;
+	}
+	while ((r->send_ok < count || r->recv_ok < count) && !failed) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		while (sent < count && sent - r->send_ok < window) {
+			post_send(src, dst->qp->qp_num, sent, (uint32_t)sent, skey,
+				  (void *)(uintptr_t)(saddr + sent * msg), msg);
+			sent++;
+		}
+		n = ibv_poll_cq(src->cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+			}
+			r->send_ok++;
+		}
+		n = ibv_poll_cq(dst->cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			uint64_t slot = wc[k].wr_id, j;
+
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+				continue;
+			}
+			j = be32toh(wc[k].imm_data);
+			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || wc[k].byte_len != msg) {
+				failed = 1;
+				continue;
+			}
+			r->duplicates += seen[j];
+			seen[j] = 1;
+			r->out_of_order += j != slot;
+			slot_msg[slot] = j;
+			r->recv_ok++;
+			if (posted < count) {
+				post_recv(dst, posted, dkey, (void *)(uintptr_t)(daddr + posted * msg),
+					  msg);
+				posted++;
+			}
+		}
+		if (now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: timed out (%" PRIu64 " sent OK, %" PRIu64
+				" received)\n", r->send_ok, r->recv_ok);
+			failed = 1;
+		}
+	}
+	for (i = 0; i < count; i++)
+		r->missing += !seen[i];
+	free(seen);
+	return failed || r->missing || r->duplicates;
+}
+
+/* RDMA reads [raddr, rkey) of @src into [laddr, lkey) on @dst; bytes read OK. */
+static uint64_t read_all(struct side *dst, struct side *src, uint32_t rkey, uint64_t raddr,
+			 uint32_t lkey, uint64_t laddr, uint64_t size)
+{
+	uint64_t chunk = dst->max_rdma < (1u << 20) ? dst->max_rdma : (1u << 20), off, done = 0;
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+
+	for (off = 0; off < size; off += chunk) {
+		uint64_t len = size - off < chunk ? size - off : chunk;
+		struct ibv_wc wc;
+		int n, err;
+
+		ibv_wr_start(dst->qpx);
+		dst->qpx->wr_id = off;
+		dst->qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_read(dst->qpx, rkey, raddr + off);
+		ibv_wr_set_sge(dst->qpx, lkey, laddr + off, len);
+		ibv_wr_set_ud_addr(dst->qpx, dst->ah, src->qp->qp_num, QKEY);
+		err = ibv_wr_complete(dst->qpx);
+		if (err)
+			die("ibv_wr_complete (read)", err);
+		do {
+			n = ibv_poll_cq(dst->cq, 1, &wc);
+		} while (n == 0 && now_ms() < deadline);
+		if (n != 1 || wc.status != IBV_WC_SUCCESS) {
+			if (n == 1)
+				note_error(&wc);
+			break;
+		}
+		done += len;
+	}
+	return done;
+}
+
+static int cmd_gpu_xfer(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1";
+	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
+	uint64_t size = 4 << 20, msg = 8192, count, k, read_bytes = 0, t0;
+	uint32_t seed = 1, window = 64, expected, src_crc, dst_crc, read_crc = 0;
+	char src_pci[32], dst_pci[32];
+	struct side src = { 0 }, dst = { 0 };
+	struct gpu_buf sb, db, rb;
+	struct ibv_mr *smr, *dmr, *rmr;
+	struct send_result r;
+	uint64_t *slot_msg;
+	uint8_t *pattern;
+	int sgpu, dgpu, failed, a;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--src") && a + 1 < argc)
+			src_name = argv[++a];
+		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
+			dst_name = argv[++a];
+		else if (!strcmp(argv[a], "--src-gpu") && a + 1 < argc)
+			src_gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
+			dst_gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
+			size = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
+			msg = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
+			seed = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
+			window = strtoul(argv[++a], NULL, 0);
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	if (size % msg || size % 65536 || window == 0 || window > 512) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, --window 1..512\n");
+		return 2;
+	}
+	count = size / msg;
+	sgpu = gpu_open(src_gpu_path, src_pci, sizeof(src_pci));
+	dgpu = gpu_open(dst_gpu_path, dst_pci, sizeof(dst_pci));
+	printf("src_gpu_pci=%s\ndst_gpu_pci=%s\n", src_pci, dst_pci);
+	side_open(&src, src_name, window);
+	side_open(&dst, dst_name, window);
+	if (msg > src.max_msg) {
+		fprintf(stderr, "p2plab-efa-check: --msg is over max_msg_sz %u\n", src.max_msg);
+		return 2;
+	}
+	side_connect(&src, &dst);
+	side_connect(&dst, &src);
+
+	/* The pattern goes into VRAM by the GPU's engine, not over RDMA. */
+	pattern = alloc_buf(size);
+	fill(pattern, size, seed);
+	expected = crc32c(pattern, size);
+	gpu_alloc(&sb, sgpu, size);
+	gpu_alloc(&db, dgpu, size);
+	gpu_alloc(&rb, dgpu, size);
+	gpu_job(sgpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.vram_offset, size, 0);
+	gpu_job(dgpu, P2PLAB_GPU_OP_FILL, 0, db.vram_offset, size, 0);
+	gpu_job(dgpu, P2PLAB_GPU_OP_FILL, 0, rb.vram_offset, size, 0);
+	slot_msg = calloc(count, sizeof(*slot_msg));
+	if (!slot_msg)
+		die("calloc", ENOMEM);
+
+	smr = reg_gpu(&src, &sb, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	dmr = reg_gpu(&dst, &db, IBV_ACCESS_LOCAL_WRITE);
+	rmr = reg_gpu(&dst, &rb, IBV_ACCESS_LOCAL_WRITE);
+
+	t0 = now_ms();
+	failed = send_all(&src, &dst, smr->lkey, GPU_IOVA, dmr->lkey, GPU_IOVA, count, msg,
+			  window, slot_msg, &r);
+	if (!failed)
+		read_bytes = read_all(&dst, &src, smr->rkey, GPU_IOVA, rmr->lkey, GPU_IOVA, size);
+	printf("ms=%" PRIu64 "\n", now_ms() - t0);
+	failed |= read_bytes != size;
+
+	/* SRD may have put message j in slot k: the GPU's engine moves it home. */
+	if (!failed && r.out_of_order) {
+		struct gpu_buf scratch;
+
+		gpu_alloc(&scratch, dgpu, size);
+		gpu_job(dgpu, P2PLAB_GPU_OP_COPY_VRAM, db.vram_offset, scratch.vram_offset, size, 0);
+		for (k = 0; k < count; k++)
+			if (slot_msg[k] != k)
+				gpu_job(dgpu, P2PLAB_GPU_OP_COPY_VRAM, scratch.vram_offset + k * msg,
+					db.vram_offset + slot_msg[k] * msg, msg, 0);
+	}
+	src_crc = gpu_job(sgpu, P2PLAB_GPU_OP_CHECKSUM, sb.vram_offset, 0, size, 0);
+	dst_crc = gpu_job(dgpu, P2PLAB_GPU_OP_CHECKSUM, db.vram_offset, 0, size, 0);
+	read_crc = gpu_job(dgpu, P2PLAB_GPU_OP_CHECKSUM, rb.vram_offset, 0, size, 0);
+	failed |= src_crc != expected || dst_crc != expected || read_crc != expected;
+
+	printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", r.send_ok, r.recv_ok);
+	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\nmissing=%" PRIu64 "\n",
+	       r.out_of_order, r.duplicates, r.missing);
+	printf("read_bytes=%" PRIu64 "\n", read_bytes);
+	printf("expected_crc=0x%08x\nsrc_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
+	       expected, src_crc, dst_crc, read_crc);
+	printf("verify=%s\n", failed ? "bad" : "ok");
+	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+	if (ibv_dereg_mr(smr) || ibv_dereg_mr(dmr) || ibv_dereg_mr(rmr))
+		die("ibv_dereg_mr", errno);
+	printf("dereg=ok\n");
+	return failed ? 1 : 0;
+}
+
+/* A number from a sysfs file, or -1. */
+static long long sysfs_number(const char *path)
+{
+	long long v = -1;
+	FILE *f = fopen(path, "r");
+
+	if (f) {
+		if (fscanf(f, "%lld", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+static int cmd_gpu_pinned(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1", *gpu_path = "/dev/p2plab-gpu1";
+	uint64_t size = 1 << 20, msg = 8192, count, *slot_msg;
+	char pci[32], avail_path[160], pins_path[160], reset_path[160];
+	struct side src = { 0 }, dst = { 0 };
+	struct gpu_buf ab, bb;
+	struct ibv_mr *amr, *smr;
+	struct send_result r;
+	uint8_t *sbuf;
+	int gpu, a, fd, step;
+	uint32_t handle;
+	const char *name;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--src") && a + 1 < argc)
+			src_name = argv[++a];
+		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
+			dst_name = argv[++a];
+		else if (!strcmp(argv[a], "--gpu") && a + 1 < argc)
+			gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
+			size = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
+			msg = parse_size(argv[++a]);
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	if (size % msg || size % 65536 || size / msg > 512) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, at most 512 messages\n");
+		return 2;
+	}
+	count = size / msg;
+	gpu = gpu_open(gpu_path, pci, sizeof(pci));
+	name = strrchr(gpu_path, '/');
+	name = name ? name + 1 : gpu_path;
+	snprintf(avail_path, sizeof(avail_path), "/sys/bus/pci/devices/%s/p2pmem/available", pci);
+	snprintf(reset_path, sizeof(reset_path), "/sys/bus/pci/devices/%s/reset", pci);
+	snprintf(pins_path, sizeof(pins_path), "/sys/class/p2plab-gpu/%s/dmabuf_pins", name);
+	printf("gpu_pci=%s\n", pci);
+	side_open(&src, src_name, count);
+	side_open(&dst, dst_name, count);
+	side_connect(&src, &dst);
+	sbuf = alloc_buf(size);
+	smr = reg(&src, sbuf, size, IBV_ACCESS_LOCAL_WRITE);
+	slot_msg = calloc(count, sizeof(*slot_msg));
+	if (!slot_msg)
+		die("calloc", ENOMEM);
+
+	printf("avail_start=%lld\n", sysfs_number(avail_path));
+	gpu_alloc(&ab, gpu, size);
+	gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, ab.vram_offset, size, 0);
+	printf("a_offset=%" PRIu64 "\navail_alloc=%lld\n", ab.vram_offset, sysfs_number(avail_path));
+	amr = reg_gpu(&dst, &ab, IBV_ACCESS_LOCAL_WRITE);
+	close(ab.fd);		/* the MR holds the dma-buf now */
+	printf("pins_reg=%lld\n", sysfs_number(pins_path));
+
+	/* FREE while the EFA MR pins A: its VRAM must stay out of the pool. */
+	handle = ab.handle;
+	printf("free_ret=%d\n", ioctl(gpu, P2PLAB_GPU_IOC_FREE, &handle) ? errno : 0);
+	printf("avail_freed=%lld\npins_freed=%lld\n", sysfs_number(avail_path),
+	       sysfs_number(pins_path));
+	gpu_alloc(&bb, gpu, size);
+	gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, bb.vram_offset, size, 0xffffffffu);
+	printf("b_offset=%" PRIu64 "\n", bb.vram_offset);
+
+	for (step = 0; step < 2; step++) {
+		const char *when = step ? "after_reset" : "after_free";
+		uint32_t crc;
+
+		if (step) {
+			/* A function reset while pinned: the VRAM stays too. */
+			fd = open(reset_path, O_WRONLY);
+			printf("reset_ret=%d\n", fd < 0 || write(fd, "1", 1) != 1 ? errno : 0);
+			if (fd >= 0)
+				close(fd);
+			printf("avail_reset=%lld\npins_reset=%lld\n", sysfs_number(avail_path),
+			       sysfs_number(pins_path));
+		}
+		fill(sbuf, size, 100 + step);
+		send_all(&src, &dst, smr->lkey, (uintptr_t)sbuf, amr->lkey, GPU_IOVA, count, msg,
+			 count, slot_msg, &r);
+		printf("%s_recv_ok=%" PRIu64 "\n%s_out_of_order=%" PRIu64 "\n", when, r.recv_ok,
+		       when, r.out_of_order);
+		/* In place when in order; A's VRAM read by the engine, by offset. */
+		crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, ab.vram_offset, 0, size, 0);
+		printf("%s_crc_ok=%d\n", when, !r.out_of_order && crc == crc32c(sbuf, size));
+		if (!step) {
+			/* B, all ones, was not written by the EFA. */
+			memset(sbuf, 0xff, size);
+			crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, bb.vram_offset, 0, size, 0);
+			printf("b_intact=%d\n", crc == crc32c(sbuf, size));
+		}
+	}
+
+	if (ibv_dereg_mr(amr))
+		die("ibv_dereg_mr", errno);
+	printf("avail_dereg=%lld\npins_dereg=%lld\n", sysfs_number(avail_path),
+	       sysfs_number(pins_path));
+	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -475,6 +948,10 @@ int main(int argc, char **argv)
 		return cmd_xfer(argc, argv);
 	if (argc >= 2 && !strcmp(argv[1], "send-one"))
 		return cmd_send_one(argc, argv);
-	fprintf(stderr, "usage: p2plab-efa-check xfer|send-one [options] (see the source's header)\n");
+	if (argc >= 2 && !strcmp(argv[1], "gpu-xfer"))
+		return cmd_gpu_xfer(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "gpu-pinned"))
+		return cmd_gpu_pinned(argc, argv);
+	fprintf(stderr, "usage: p2plab-efa-check xfer|send-one|gpu-xfer|gpu-pinned [options] (see the source's header)\n");
 	return 2;
 }
