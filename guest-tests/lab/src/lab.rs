@@ -1242,6 +1242,7 @@ mod tests {
         ("rdma", "max", Accel::Kvm, Accel::Kvm),
         ("rdma-efa", "max", Accel::Kvm, Accel::Kvm),
         ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
+        ("dgx", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
         (
             "rdma-separate",
             "max,vendor=GenuineIntel",
