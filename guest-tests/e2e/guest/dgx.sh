@@ -6,7 +6,8 @@
 #   pairs      fio verify through p2pmem for every NVMe -> GPU pair, the
 #              kernel's map type per pair (the host decides which pairs
 #              must pass and which must be refused, and why);
-#   aggregate  NVMe -> GPU reads on the four same-switch pairs at once;
+#   single     NVMe -> GPU reads on one same-switch pair;
+#   aggregate  the same on the four same-switch pairs at once;
 #   queues1    4 KiB random reads from one job on CPU 0 over all four
 #              namespaces;
 #   queuesN    the same with one job per vCPU, each on its own CPU.
@@ -91,9 +92,10 @@ pairs() {
   return 0
 }
 
-# aggregate: each NVMe reads into the p2pmem of the GPU below its own
-# switch (found here by the sysfs path: the same parent of its port), all
-# four at once, 1 MiB at queue depth 4, for 6 s.
+# aggregate PAIRS NAME: NVMe i reads into the p2pmem of the GPU below its
+# own switch (found here by the sysfs path: the same parent of its port),
+# for the first PAIRS pairs at once, 1 MiB at queue depth 4, for 6 s.
+# `single` is nvme0 -> gpu0 alone, `aggregate` all four.
 same_switch_gpu() {
   local nvme_switch k
   nvme_switch=$(dirname "$(dirname "$(path_of "$1")")")
@@ -102,20 +104,20 @@ same_switch_gpu() {
   done
 }
 aggregate() {
-  local i gpus=()
-  for i in 0 1 2 3; do
+  local i pairs=$1 name=$2 gpus=()
+  for i in $(seq 0 $((pairs - 1))); do
     gpus+=("$(same_switch_gpu "${nvme_bdfs[$i]}")")
-    echo "AGG_N${i}_GPU=${gpus[$i]}"
+    echo "${name^^}_N${i}_GPU=${gpus[$i]}"
   done
   {
     printf '[global]\ndirect=1\nrw=read\nbs=1M\niodepth=4\nioengine=libaio\nsize=128M\n'
     printf 'time_based=1\nruntime=6\ngroup_reporting=1\n'
-    for i in 0 1 2 3; do
+    for i in $(seq 0 $((pairs - 1))); do
       printf '[n%sg]\nfilename=%s\niomem=mmapshared:/sys/bus/pci/devices/%s/p2pmem/allocate\n' \
         "$i" "${nss[$i]}" "${gpus[$i]}"
     done
-  } > $out/aggregate.fio
-  fio --output-format=json --output=$out/aggregate.json $out/aggregate.fio 2> $out/aggregate.err
+  } > "$out/$name.fio"
+  fio --output-format=json --output="$out/$name.json" "$out/$name.fio" 2> "$out/$name.err"
 }
 
 # queues1/queuesN: 4 KiB random reads at queue depth 16 over the four
@@ -131,7 +133,8 @@ queues() {
 }
 
 phase pairs pairs
-phase aggregate aggregate
+phase single aggregate 1 single
+phase aggregate aggregate 4 aggregate
 phase queues1 queues 1 queues1
 phase queuesn queues "$vcpus" queuesn
 exit 0
