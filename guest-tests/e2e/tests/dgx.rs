@@ -31,7 +31,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{run_guest_with, Boot, GuestRun};
+use common::{counter, run_guest_with, stats, Boot, GuestRun};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
 use p2plab_lab::{GuestScript, Lab};
 use p2plab_server::provenance::Mark;
@@ -507,5 +507,20 @@ fn check_one_boot(run: &GuestRun) -> String {
         iops[0], iops[1]
     )
     .unwrap();
+
+    // Host memory of each GPU's VRAM beyond its server's RSS: the pages
+    // of the sparse VRAM memfd really in use (shared with the peers that
+    // map it, not in anyone's VmHWM until they touch it).
+    for i in 0..DEVICES {
+        let id = format!("gpu{i}");
+        let used = counter(&stats(run, &id), "vram_allocated_bytes");
+        assert!(used > 0 && used <= 256 << 20, "{id}: {used}");
+        writeln!(
+            report,
+            "{id} VRAM memfd in use: {:.1} MiB",
+            used as f64 / 1048576.0
+        )
+        .unwrap();
+    }
     report
 }
