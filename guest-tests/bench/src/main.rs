@@ -21,6 +21,7 @@
 //! `json` and `svg`.
 
 mod anchor;
+mod dgx;
 mod fio;
 mod guest;
 mod guest_output;
@@ -88,6 +89,12 @@ struct Cli {
     /// Run only the RDMA workloads: no NVMe boot at all.
     #[arg(long, conflicts_with = "no_rdma")]
     rdma_only: bool,
+    /// Run only the `dgx` figures: one boot of the `dgx` topology per
+    /// round (boot time, peak RSS, P2P of one pair and of four at once,
+    /// 4 KiB reads from one job and from one job per vCPU; `--runtime`
+    /// seconds per fio run).
+    #[arg(long, conflicts_with_all = ["rdma_only", "only"])]
+    dgx_only: bool,
     /// Topology for the RDMA workloads (needs nic0 and nic1 wired to each
     /// other, and gpu0 under the same switch).
     #[arg(long, default_value = "rdma")]
@@ -188,9 +195,41 @@ fn run(cli: &Cli) -> Result<()> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let folder = bench_folder(&paths, started)?;
+    if cli.dgx_only {
+        return run_dgx(cli, &folder, started);
+    }
     let (settings, boots) = plan(cli, &paths, &folder, started)?;
     let sides = run_rounds(cli, &boots)?;
     report(cli, &settings, &sides, &folder)
+}
+
+/// `--dgx-only`: the rounds of `dgx` boots, their `results.json` in
+/// `folder`, and their table.
+fn run_dgx(cli: &Cli, folder: &Path, started: u64) -> Result<()> {
+    let options = boot_options(cli, "dgx", &dgx::script(cli.runtime))?;
+    let mut rounds = Vec::new();
+    for round in 1..=cli.rounds {
+        eprintln!("p2plab-bench: dgx round {round}/{}", cli.rounds);
+        rounds.push(dgx::run_round(&options)?);
+    }
+    let accel = match run_accel(cli)? {
+        AccelRequest::Kvm => Accel::Kvm,
+        _ => Accel::Tcg,
+    };
+    let date = format_utc(started);
+    let document = dgx::results(&date, &accel.to_string(), cli.runtime, &rounds);
+    let json_path = folder.join("results.json");
+    let text = serde_json::to_string_pretty(&document).context("encoding results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    println!(
+        "dgx, {date} UTC, {accel}, {} rounds, {} s per fio run:\n\n{}",
+        cli.rounds,
+        cli.runtime,
+        dgx::table(&rounds)
+    );
+    println!("results: {}", json_path.display());
+    Ok(())
 }
 
 /// A fresh folder for the run's results and the anchor topology it runs.

@@ -12,10 +12,13 @@
 #              namespaces;
 #   queuesN    the same with one job per vCPU, each on its own CPU.
 # fio's JSON goes to /run/p2plab (the run folder's guest/), where the host
-# parses it.
+# parses it. `scripts/bench --dgx-only` runs the same script with
+# DGX_MODE=bench: no pairs phase, no marks.
 # The status of `echo ... > /sys/...` is the status of that sysfs write.
 # shellcheck disable=SC2320
 set -u
+: "${DGX_MODE:?test (the dgx suite: every phase, host marks around each) or bench (scripts/bench --dgx-only: the timed phases, no marks)}"
+: "${RUNTIME:?seconds each timed fio run lasts}"
 out=/run/p2plab
 echo "UPTIME_AT_START=$(cut -d' ' -f1 /proc/uptime)"
 signal() { : > $out/.$1; mv $out/.$1 $out/$1; }
@@ -32,9 +35,9 @@ map_types() { sed -n 's/.*p2p_map_type:.* ret=\([0-9]*\).*/\1/p' $tracing/trace 
 phase() {
   local name=$1 status
   shift
-  signal "ready-$name"; wait_host "marked-$name"
+  [ "$DGX_MODE" = bench ] || { signal "ready-$name"; wait_host "marked-$name"; }
   "$@"; status=$?
-  signal "done-$name"; wait_host "measured-$name"
+  [ "$DGX_MODE" = bench ] || { signal "done-$name"; wait_host "measured-$name"; }
   echo "${name^^}_STATUS=$status"
 }
 
@@ -94,7 +97,7 @@ pairs() {
 
 # aggregate PAIRS NAME: NVMe i reads into the p2pmem of the GPU below its
 # own switch (found here by the sysfs path: the same parent of its port),
-# for the first PAIRS pairs at once, 1 MiB at queue depth 4, for 6 s.
+# for the first PAIRS pairs at once, 1 MiB at queue depth 4, for RUNTIME s.
 # `single` is nvme0 -> gpu0 alone, `aggregate` all four.
 same_switch_gpu() {
   local nvme_switch k
@@ -111,7 +114,7 @@ aggregate() {
   done
   {
     printf '[global]\ndirect=1\nrw=read\nbs=1M\niodepth=4\nioengine=libaio\nsize=128M\n'
-    printf 'time_based=1\nruntime=6\ngroup_reporting=1\n'
+    printf 'time_based=1\nruntime=%s\ngroup_reporting=1\n' "$RUNTIME"
     for i in $(seq 0 $((pairs - 1))); do
       printf '[n%sg]\nfilename=%s\niomem=mmapshared:/sys/bus/pci/devices/%s/p2pmem/allocate\n' \
         "$i" "${nss[$i]}" "${gpus[$i]}"
@@ -128,11 +131,11 @@ queues() {
   files=$(printf '%s:' "${nss[@]}")
   fio --name="$name" --filename="${files%:}" --file_service_type=roundrobin --direct=1 \
     --rw=randread --bs=4k --iodepth=16 --ioengine=libaio --size=64M --time_based=1 \
-    --runtime=4 --numjobs="$jobs" --cpus_allowed="0-$((jobs - 1))" --cpus_allowed_policy=split \
+    --runtime="$RUNTIME" --numjobs="$jobs" --cpus_allowed="0-$((jobs - 1))" --cpus_allowed_policy=split \
     --group_reporting=1 --output-format=json --output="$out/$name.json" 2> "$out/$name.err"
 }
 
-phase pairs pairs
+[ "$DGX_MODE" = bench ] || phase pairs pairs
 phase single aggregate 1 single
 phase aggregate aggregate 4 aggregate
 phase queues1 queues 1 queues1
