@@ -196,7 +196,7 @@ fn run(cli: &Cli) -> Result<()> {
         .unwrap_or(0);
     let folder = bench_folder(&paths, started)?;
     if cli.dgx_only {
-        return run_dgx(cli, &folder, started);
+        return run_dgx(cli, &paths, &folder, started);
     }
     let (settings, boots) = plan(cli, &paths, &folder, started)?;
     let sides = run_rounds(cli, &boots)?;
@@ -205,8 +205,12 @@ fn run(cli: &Cli) -> Result<()> {
 
 /// `--dgx-only`: the rounds of `dgx` boots, their `results.json` in
 /// `folder`, and their table.
-fn run_dgx(cli: &Cli, folder: &Path, started: u64) -> Result<()> {
+fn run_dgx(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<()> {
     let options = boot_options(cli, "dgx", &dgx::script(cli.runtime))?;
+    // The guest environment and overlay first, so that no round's boot
+    // time includes building them.
+    p2plab_lab::setup::ensure_guest_env(paths)?;
+    p2plab_lab::setup::ensure_overlay(paths)?;
     let mut rounds = Vec::new();
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: dgx round {round}/{}", cli.rounds);
