@@ -37,7 +37,9 @@ fn tcp_address(text: &str, listening: bool) -> Result<String, String> {
         return text
             .parse::<std::net::SocketAddr>()
             .map(|_| text.to_owned())
-            .map_err(|_| format!("tcp-listen:{text}: expected ADDR:PORT (0.0.0.0:18600, [::1]:18600)"));
+            .map_err(|_| {
+                format!("tcp-listen:{text}: expected ADDR:PORT (0.0.0.0:18600, [::1]:18600)")
+            });
     }
     let port_ok = text
         .rsplit_once(':')
@@ -45,7 +47,9 @@ fn tcp_address(text: &str, listening: bool) -> Result<String, String> {
     if port_ok {
         Ok(text.to_owned())
     } else {
-        Err(format!("tcp-connect:{text}: expected HOST:PORT (10.0.0.1:18600, lab-b:18600)"))
+        Err(format!(
+            "tcp-connect:{text}: expected HOST:PORT (10.0.0.1:18600, lab-b:18600)"
+        ))
     }
 }
 

@@ -67,8 +67,9 @@ impl WireKey {
                 format!("wire key {shown}: longer than {MAX_KEY_LEN} bytes"),
             ));
         }
-        Self::from_bytes(bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("wire key {shown}: {e}")))
+        Self::from_bytes(bytes).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("wire key {shown}: {e}"))
+        })
     }
 
     /// A key from `bytes` (trailing whitespace dropped, so a key written
@@ -129,7 +130,10 @@ mod tests {
         assert_eq!(huge.kind(), io::ErrorKind::InvalidData);
         assert!(WireKey::load(&dir).is_err(), "a directory is no key");
         assert!(WireKey::load(&dir.join("missing")).is_err());
-        assert!(!format!("{loaded:?}").contains("aaaa"), "Debug shows no key bytes");
+        assert!(
+            !format!("{loaded:?}").contains("aaaa"),
+            "Debug shows no key bytes"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

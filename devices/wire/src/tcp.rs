@@ -263,7 +263,11 @@ impl Transport for TcpTransport {
             });
         if let Err(e) = spawned {
             self.mailbox.pending.store(0, Ordering::SeqCst);
-            log_limited!(warn, "wire tcp-connect:{}: cannot start a dial: {e}", self.configured);
+            log_limited!(
+                warn,
+                "wire tcp-connect:{}: cannot start a dial: {e}",
+                self.configured
+            );
         }
         Arrival::Nothing
     }
@@ -363,10 +367,17 @@ fn dial_once(target: &str, options: &TcpOptions) -> Option<Arrival> {
 
 /// Runs the handshake on `stream` within the handshake timeout, then
 /// sets it up to carry frames; why not, for the log line.
-pub fn authenticate(stream: TcpStream, role: Role, options: &TcpOptions) -> Result<TcpStream, String> {
+pub fn authenticate(
+    stream: TcpStream,
+    role: Role,
+    options: &TcpOptions,
+) -> Result<TcpStream, String> {
     let deadline = Instant::now() + options.handshake_timeout;
     let io_error = |e: io::Error| -> String {
-        if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
             format!(
                 "no handshake within {:?} (a silent or trickling peer)",
                 options.handshake_timeout

@@ -12,12 +12,12 @@ use crate::config::{WireConfig, WireOptions};
 use crate::core::{lock, Core, Outlet, Queued, SendError, StreamOut};
 use crate::frame::Frame;
 use crate::impair::{corrupt, Impairment};
+use crate::key::WireKey;
 use crate::link;
 use crate::order::ArrivalOrder;
 use crate::stats::{WireStats, WireStatsSnapshot};
-use crate::transport::Transport;
-use crate::key::WireKey;
 use crate::tcp::{TcpOptions, TcpTransport};
+use crate::transport::Transport;
 use crate::unix::UnixTransport;
 
 /// What became of a frame handed to [`Wire::send_impaired`].
