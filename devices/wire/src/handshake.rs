@@ -316,7 +316,8 @@ mod tests {
     fn bad_hellos_are_refused_with_their_reason() {
         let k = key(KEY_A);
         let (_, good) = Handshake::start(Role::Dialer, &k, [2; 32]);
-        let cases: Vec<(Box<dyn Fn(&mut [u8; HELLO_LEN])>, HandshakeError)> = vec![
+        type Edit = Box<dyn Fn(&mut [u8; HELLO_LEN])>;
+        let cases: Vec<(Edit, HandshakeError)> = vec![
             (
                 Box::new(|h| h[..4].copy_from_slice(b"GET ")),
                 HandshakeError::BadMagic(*b"GET "),
