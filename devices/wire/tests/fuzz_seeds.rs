@@ -103,7 +103,10 @@ fn each_handshake_seed_meets_its_verdict() {
     use p2plab_wire::HandshakeError;
     assert_eq!(handshake_verdict("raw-honest-dialer-peer"), Ok(true));
     assert_eq!(handshake_verdict("raw-honest-listener-peer"), Ok(true));
-    assert_eq!(handshake_verdict("raw-wrong-proof"), Err(HandshakeError::WrongKey));
+    assert_eq!(
+        handshake_verdict("raw-wrong-proof"),
+        Err(HandshakeError::WrongKey)
+    );
     assert_eq!(
         handshake_verdict("raw-listener-proof-reflected"),
         Err(HandshakeError::WrongKey)
@@ -112,6 +115,9 @@ fn each_handshake_seed_meets_its_verdict() {
         handshake_verdict("raw-garbage"),
         Err(HandshakeError::BadMagic(_))
     ));
-    assert_eq!(handshake_verdict("raw-own-nonce"), Err(HandshakeError::Reflected));
+    assert_eq!(
+        handshake_verdict("raw-own-nonce"),
+        Err(HandshakeError::Reflected)
+    );
     assert_eq!(handshake_verdict("raw-trickle-cut"), Ok(false));
 }
