@@ -12,6 +12,10 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Frames a receiver holds before its sender waits.
 pub const QUEUE_FRAMES: usize = 8;
 
+/// How long a TCP connection has to pass the handshake, unless told
+/// otherwise.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where a device's wire goes (`--wire`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireConfig {
@@ -118,7 +122,7 @@ impl Default for WireOptions {
             queue_frames: QUEUE_FRAMES,
             thread_name: "wire".into(),
             key_file: None,
-            handshake_timeout: crate::tcp::HANDSHAKE_TIMEOUT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }

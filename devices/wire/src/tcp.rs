@@ -25,19 +25,17 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use p2plab_ratelimit::log_limited;
 use socket2::{SockRef, TcpKeepalive};
 
-use crate::core::lock;
 use crate::handshake::{fresh_nonce, Handshake, Role};
 use crate::key::WireKey;
 use crate::transport::{Arrival, Stream, Transport};
 
-/// How long a connection has to pass the handshake, unless told otherwise.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+pub use crate::config::HANDSHAKE_TIMEOUT;
 /// How long a dial waits for the listener to accept.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Handshakes under way at once on a listener; a connection beyond them
@@ -97,6 +95,11 @@ impl Stream for TcpStream {
     fn set_read_slice(&self, slice: Duration) -> io::Result<()> {
         self.set_read_timeout(Some(slice))
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A queue of arrivals: a panic elsewhere leaves it usable.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the helper threads hand the link thread.
