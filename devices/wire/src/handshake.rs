@@ -242,6 +242,17 @@ impl Handshake {
     }
 }
 
+/// Checks a HELLO's first 4 bytes as soon as they arrive, so a peer that
+/// speaks something else is refused for what it is (and at once), not
+/// for closing the connection before a whole HELLO arrived.
+pub fn check_magic(first: [u8; 4]) -> Result<(), HandshakeError> {
+    if first == HELLO_MAGIC {
+        Ok(())
+    } else {
+        Err(HandshakeError::BadMagic(first))
+    }
+}
+
 /// A nonce from the OS's CSPRNG.
 pub fn fresh_nonce() -> std::io::Result<[u8; NONCE_LEN]> {
     let mut nonce = [0u8; NONCE_LEN];

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use p2plab_ratelimit::log_limited;
 use socket2::{SockRef, TcpKeepalive};
 
-use crate::handshake::{fresh_nonce, Handshake, Role};
+use crate::handshake::{check_magic, fresh_nonce, Handshake, Role, HELLO_LEN};
 use crate::key::WireKey;
 use crate::transport::{Arrival, Stream, Transport};
 
@@ -385,7 +385,10 @@ pub fn authenticate(
                 "no handshake within {:?} (a silent or trickling peer)",
                 options.handshake_timeout
             )
-        } else if e.kind() == io::ErrorKind::UnexpectedEof {
+        } else if matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+        ) {
             "the peer closed the connection during the handshake".into()
         } else {
             format!("handshake: {e}")
@@ -395,9 +398,14 @@ pub fn authenticate(
     let nonce = fresh_nonce().map_err(io_error)?;
     let (mut handshake, hello) = Handshake::start(role, &options.key, nonce);
     write_by(&stream, &hello, deadline).map_err(io_error)?;
+    let mut first = [0u8; 4];
+    read_by(&stream, &mut first, deadline).map_err(io_error)?;
+    check_magic(first).map_err(|e| e.to_string())?;
     while !handshake.is_done() {
         let mut message = vec![0u8; handshake.wants()];
-        read_by(&stream, &mut message, deadline).map_err(io_error)?;
+        let from = if message.len() == HELLO_LEN { 4 } else { 0 };
+        message[..from].copy_from_slice(&first[..from]);
+        read_by(&stream, &mut message[from..], deadline).map_err(io_error)?;
         if let Some(proof) = handshake.take(&message).map_err(|e| e.to_string())? {
             write_by(&stream, &proof, deadline).map_err(io_error)?;
         }

@@ -171,6 +171,17 @@ fn garbage_is_cut_off_at_its_first_bytes() {
     wait_until("counted", 5, || a.stats().peers_refused == 1);
     assert!(!a.link_up());
     assert_eq!(a.stats().protocol_errors, 0, "never reached the framing");
+    // Fewer bytes than a HELLO, and the connection kept open: refused on
+    // its first 4 bytes, not at the handshake timeout.
+    let mut short = TcpStream::connect(addr).unwrap();
+    short.write_all(b"SSH-").unwrap();
+    let start = Instant::now();
+    assert!(closed_within(&mut short, 5), "short garbage kept open");
+    assert!(
+        start.elapsed() < Duration::from_millis(900),
+        "not cut at once"
+    );
+    wait_until("counted", 5, || a.stats().peers_refused == 2);
 }
 
 /// Catches: a handshake with no time bound (a slowloris holds a thread
