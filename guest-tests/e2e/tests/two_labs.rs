@@ -273,6 +273,8 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
             .args(["--efa-gid", gid])
             .arg("--share")
             .arg(&share)
+            .arg("--state")
+            .arg(work.join(format!("state-{name}")))
             .args(["--exec", &exec])
             .arg("--")
             .args(["-netdev", &netdev])

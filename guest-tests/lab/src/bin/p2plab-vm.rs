@@ -97,6 +97,11 @@ struct Cli {
     #[arg(long, value_name = "GID")]
     efa_gid: Option<String>,
 
+    /// Folder for state kept across boots (disk images, `@STATE@`);
+    /// default `.cache/state`. Two labs at once need two.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+
     /// Show boot messages and progress.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -259,6 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     options.guest_control = cli.guest_control.unwrap_or_default();
     options.server_args = efa_args;
+    options.state = cli.state;
     options.verbose = cli.verbose;
     // The CLI reports complaints in the guest's kernel log but keeps the
     // command's exit status.
