@@ -10,25 +10,28 @@
 //! --e2e-only --suite two_labs`). It needs root (`ip netns`).
 //!
 //! `two_labs_rdma_over_tcp_between_network_namespaces`:
-//! 1. Both guests see their EFA's port ACTIVE (each lab's EFA has a peer on
-//!    its wire: the other lab's, across the namespaces) and different GIDs.
-//!    Catches: a TCP wire that never comes up between two namespaces (the
-//!    handshake, the key, the launcher's `--efa-wire`/`--efa-wire-key`/
-//!    `--efa-gid`).
+//! 1. Both guests reach each other over their own IP link (perftest's
+//!    setup channel), the driver binds each lab's EFA (port ACTIVE) and
+//!    the two EFAs have the GIDs the launcher gave (`--efa-gid`).
+//!    Catches: a launcher that drops `--efa-gid`, or two labs that cannot
+//!    reach each other at all.
 //! 2. perftest's ib_send_bw and ib_read_bw (SRD, `-x 0`) run between the
 //!    guests: both ends exit 0, their result rows parse with the message
 //!    size and iteration count asked for (and a bandwidth above zero unless
 //!    perftest's TCG clock calibration failed, which it says).
 //!    Catches: an SRD data path that breaks across two processes on two
 //!    network stacks (packets lost or unanswered over TCP).
-//! 3. Both servers' stats files: their wire's counters show the traffic
+//! 3. Both servers' stats files: their wire came up once over TCP and its
+//!    counters show the traffic
 //!    crossed it (frames each way, at least the payload perftest moved:
 //!    ib_read_bw's responses from lab A, ib_send_bw's messages from lab B,
 //!    one connection, no protocol error, no refused peer), and the EFA
 //!    counters agree (lab A served the reads, lab B received nothing it did
 //!    not ask for).
-//!    Catches: traffic that did not go over the TCP wire (a loopback
-//!    shortcut), a wire that reconnected or refused its peer meanwhile.
+//!    Catches: a TCP wire that never comes up between two namespaces (the
+//!    handshake, the key, `--efa-wire`/`--efa-wire-key`), traffic that did
+//!    not go over it (a loopback shortcut), a wire that reconnected or
+//!    refused its peer meanwhile.
 //!
 //! GPU memory to GPU memory over the two labs needs dma-buf MRs on the EFA
 //! (another branch); the guest script marks where those runs go, and
