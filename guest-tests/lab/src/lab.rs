@@ -1241,6 +1241,7 @@ mod tests {
         ("lab-pmr", "max", Accel::Kvm, Accel::Kvm),
         ("rdma", "max", Accel::Kvm, Accel::Kvm),
         ("rdma-efa", "max", Accel::Kvm, Accel::Kvm),
+        ("efa-tcp", "max", Accel::Kvm, Accel::Kvm),
         ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
         ("dgx", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
         (
