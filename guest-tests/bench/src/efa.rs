@@ -27,7 +27,7 @@ pub const MEMORIES: [&str; 2] = ["gpu", "ram"];
 pub const SERVERS: [&str; 2] = ["efa0", "efa1"];
 
 /// The counters kept per call, as deltas over it.
-const COUNTERS: [&str; 9] = [
+const COUNTERS: [&str; 13] = [
     "peer_bar_bytes",
     "dma_peer_read_bytes",
     "dma_peer_write_bytes",
@@ -36,7 +36,11 @@ const COUNTERS: [&str; 9] = [
     "dma_message_read_bytes",
     "dma_message_write_bytes",
     "send_bytes",
+    "recv_bytes",
     "read_bytes",
+    "read_resp_bytes",
+    "retrans_pkts",
+    "retrans_timeout_events",
 ];
 
 /// What the EFA boot runs.
@@ -169,14 +173,15 @@ pub fn parse_call(output: &str, label: &str, len: u64) -> Result<Call> {
     })
 }
 
-/// Checks that a call's bytes took the path its memory implies. GPU: efa0
-/// read 2 × len from gpu0's BAR (the SENDs and the read responses) and
-/// efa1 wrote 2 × len into gpu1's (received and read-back), all by the peer
-/// path; RAM: nothing to or from a peer BAR, the payload in guest RAM.
-/// Neither sends payload through QEMU (DMA messages).
+/// Checks that a call's bytes took the path its memory implies. GPU: all
+/// the payload efa0 read (the SENDs and its read responses, a response
+/// served again when a read request timed out under load) came from
+/// gpu0's BAR and all efa1 wrote (received and read-back bytes) went to
+/// gpu1's, by the peer path; RAM: nothing to or from a peer BAR, the
+/// payload in guest RAM. Neither sends payload through QEMU (DMA
+/// messages). Each call SENT, received and read back `len` bytes.
 pub fn check_path(label: &str, memory: &str, len: u64, call: &Call) -> Result<()> {
     let d = |server: &str, name: &str| call.deltas[server][name];
-    let payload = 2 * len;
     for server in SERVERS {
         for name in ["dma_message_read_bytes", "dma_message_write_bytes"] {
             if d(server, name) != 0 {
@@ -187,22 +192,28 @@ pub fn check_path(label: &str, memory: &str, len: u64, call: &Call) -> Result<()
             }
         }
     }
-    let (efa0_ram, efa1_ram) = (
-        d("efa0", "dma_mmap_read_bytes"),
-        d("efa1", "dma_mmap_write_bytes"),
-    );
+    let served = d("efa0", "send_bytes") + d("efa0", "read_resp_bytes");
+    let landed = d("efa1", "recv_bytes") + d("efa1", "read_bytes");
+    if d("efa0", "send_bytes") != len
+        || d("efa1", "recv_bytes") != len
+        || d("efa1", "read_bytes") != len
+        || d("efa0", "read_resp_bytes") < len
+    {
+        bail!(
+            "{label}: the servers did not count {len} bytes each way: {:?}",
+            call.deltas
+        );
+    }
+    let (peer0, peer1) = (d("efa0", "peer_bar_bytes"), d("efa1", "peer_bar_bytes"));
     match memory {
         "gpu" => {
-            for server in SERVERS {
-                if d(server, "peer_bar_bytes") != payload {
-                    bail!(
-                        "{label}: {server} moved {} bytes to or from a peer BAR, not {payload}",
-                        d(server, "peer_bar_bytes")
-                    );
-                }
+            if peer0 != served || peer1 != landed {
+                bail!(
+                    "{label}: {peer0} and {peer1} bytes to or from a peer BAR, not {served} and {landed}"
+                );
             }
-            if d("efa0", "dma_peer_read_bytes") < payload
-                || d("efa1", "dma_peer_write_bytes") < payload
+            if d("efa0", "dma_peer_read_bytes") < served
+                || d("efa1", "dma_peer_write_bytes") < landed
             {
                 bail!(
                     "{label}: the GPU payload did not go by the peer path: {:?}",
@@ -211,12 +222,12 @@ pub fn check_path(label: &str, memory: &str, len: u64, call: &Call) -> Result<()
             }
         }
         _ => {
-            for server in SERVERS {
-                if d(server, "peer_bar_bytes") != 0 {
-                    bail!("{label}: RAM transfer touched a peer BAR ({server})");
-                }
+            if peer0 != 0 || peer1 != 0 {
+                bail!("{label}: a RAM transfer touched a peer BAR ({peer0}, {peer1})");
             }
-            if efa0_ram < payload || efa1_ram < payload {
+            if d("efa0", "dma_mmap_read_bytes") < served
+                || d("efa1", "dma_mmap_write_bytes") < landed
+            {
                 bail!(
                     "{label}: the RAM payload did not go through guest RAM: {:?}",
                     call.deltas
@@ -379,6 +390,12 @@ mod tests {
         out
     }
 
+    const MIB: u64 = 1 << 20;
+    const S0: (&str, u64) = ("send_bytes", MIB);
+    const R0: (&str, u64) = ("read_resp_bytes", MIB);
+    const S1: (&str, u64) = ("recv_bytes", MIB);
+    const R1: (&str, u64) = ("read_bytes", MIB);
+
     const OK: &str = "exit=0 mem=gpu bytes=1048576 read_bytes=1048576 send_us=500000 read_us=250000 expected_crc=0x1 sent_crc=0x2 dst_crc=0x2 read_crc=0x1 verify=ok";
 
     /// Catches: a failed, short or mismatched transfer measured as a
@@ -391,10 +408,14 @@ mod tests {
         let gpu0 = [
             ("peer_bar_bytes", 2 * len),
             ("dma_peer_read_bytes", 2 * len),
+            S0,
+            R0,
         ];
         let gpu1 = [
             ("peer_bar_bytes", 2 * len),
             ("dma_peer_write_bytes", 2 * len),
+            S1,
+            R1,
         ];
         let out = output("r1-gpu-1M", &gpu0, &gpu1, OK);
         let call = parse_call(&out, "r1-gpu-1M", len).unwrap();
@@ -403,8 +424,8 @@ mod tests {
         check_path("r1-gpu-1M", "gpu", len, &call).unwrap();
         assert!(check_path("r1-gpu-1M", "ram", len, &call).is_err());
 
-        let ram0 = [("dma_mmap_read_bytes", 2 * len)];
-        let ram1 = [("dma_mmap_write_bytes", 2 * len)];
+        let ram0 = [("dma_mmap_read_bytes", 2 * len), S0, R0];
+        let ram1 = [("dma_mmap_write_bytes", 2 * len), S1, R1];
         let call = parse_call(&output("x", &ram0, &ram1, OK), "x", len).unwrap();
         check_path("x", "ram", len, &call).unwrap();
         assert!(check_path("x", "gpu", len, &call).is_err());
@@ -412,9 +433,39 @@ mod tests {
         let msg1 = [
             ("dma_mmap_write_bytes", 2 * len),
             ("dma_message_write_bytes", 4096),
+            S1,
+            R1,
         ];
         let call = parse_call(&output("x", &ram0, &msg1, OK), "x", len).unwrap();
         assert!(check_path("x", "ram", len, &call).is_err());
+
+        // A read response served twice (its request timed out): counted
+        // on both sides, still the peer path.
+        let again0 = [
+            ("peer_bar_bytes", 3 * len),
+            ("dma_peer_read_bytes", 3 * len),
+            S0,
+            ("read_resp_bytes", 2 * len),
+        ];
+        let call = parse_call(&output("x", &again0, &gpu1, OK), "x", len).unwrap();
+        check_path("x", "gpu", len, &call).unwrap();
+        // ... but not one that went anywhere else.
+        let elsewhere0 = [
+            ("peer_bar_bytes", 2 * len),
+            ("dma_peer_read_bytes", 3 * len),
+            S0,
+            ("read_resp_bytes", 2 * len),
+        ];
+        let call = parse_call(&output("x", &elsewhere0, &gpu1, OK), "x", len).unwrap();
+        assert!(check_path("x", "gpu", len, &call).is_err());
+        // Nothing received.
+        let none1 = [
+            ("peer_bar_bytes", len),
+            ("dma_peer_write_bytes", 2 * len),
+            R1,
+        ];
+        let call = parse_call(&output("x", &gpu0, &none1, OK), "x", len).unwrap();
+        assert!(check_path("x", "gpu", len, &call).is_err());
 
         for bad in [
             OK.replace("verify=ok", "verify=bad"),
@@ -448,16 +499,20 @@ mod tests {
                             vec![
                                 ("peer_bar_bytes", 2 * len),
                                 ("dma_peer_read_bytes", 2 * len),
+                                S0,
+                                R0,
                             ],
                             vec![
                                 ("peer_bar_bytes", 2 * len),
                                 ("dma_peer_write_bytes", 2 * len),
+                                S1,
+                                R1,
                             ],
                         )
                     } else {
                         (
-                            vec![("dma_mmap_read_bytes", 2 * len)],
-                            vec![("dma_mmap_write_bytes", 2 * len)],
+                            vec![("dma_mmap_read_bytes", 2 * len), S0, R0],
+                            vec![("dma_mmap_write_bytes", 2 * len), S1, R1],
                         )
                     };
                     let read_us = if memory == "gpu" { 100_000 } else { 200_000 };
