@@ -8,7 +8,7 @@
 //! zero-copy peer path, RAM payload in guest RAM, nothing through QEMU.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use p2plab_lab::{GuestScript, Lab, LabOptions};
@@ -304,6 +304,37 @@ pub fn run(options: &LabOptions, plan: &Plan) -> Result<Measured> {
     );
     m.run_dirs.push(outcome.run_dir);
     Ok(m)
+}
+
+/// Re-reads a finished EFA boot from its run folder.
+pub fn reread(run_dir: &Path, plan: &Plan) -> Result<Measured> {
+    let path = run_dir.join("guest/output.txt");
+    let output =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut m =
+        read_output(plan, &output).with_context(|| format!("run folder {}", run_dir.display()))?;
+    m.run_dirs.push(run_dir.to_owned());
+    Ok(m)
+}
+
+/// `YYYYmmdd-HHMMSS` of a run folder named `YYYYmmdd-HHMMSS-PID`.
+pub fn run_date(run_dir: &Path) -> Result<String> {
+    let name = run_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let date = name.get(..15).unwrap_or_default();
+    let ok = date.len() == 15
+        && date
+            .char_indices()
+            .all(|(i, c)| if i == 8 { c == '-' } else { c.is_ascii_digit() });
+    if !ok {
+        bail!(
+            "{}: not a run folder named YYYYmmdd-HHMMSS-PID",
+            run_dir.display()
+        );
+    }
+    Ok(date.to_owned())
 }
 
 /// GPU memory against guest RAM: SENDs, then reads per work-request size.

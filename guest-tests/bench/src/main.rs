@@ -124,7 +124,7 @@ struct Cli {
     efa_topology: String,
     /// Bytes each EFA call moves: SENT, then RDMA-read back (a whole
     /// number of MiB, 1M..1G).
-    #[arg(long, default_value = "8M", value_parser = parse_copy_len)]
+    #[arg(long, default_value = "32M", value_parser = parse_copy_len)]
     efa_len: String,
     /// Bytes per SRD SEND message (the port's max_msg_sz is 8928 by default).
     #[arg(long, default_value = "8K", value_parser = parse_rdma_post)]
@@ -132,6 +132,11 @@ struct Cli {
     /// RDMA read work-request sizes, both memories at each (repeatable).
     #[arg(long, default_values_t = ["64K".to_owned(), "1M".to_owned(), "4M".to_owned()], value_parser = parse_efa_wr)]
     efa_read_wr: Vec<String>,
+    /// With --efa-only: boot nothing, re-read the finished EFA boot of this
+    /// run folder (its guest/output.txt) with this bench's checks, e.g.
+    /// after a host-side check changed; the date is the folder's.
+    #[arg(long, requires = "efa_only", value_name = "RUN_DIR")]
+    efa_reread: Option<PathBuf>,
     /// Run only these compared jobs (repeatable, e.g. `--only
     /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
     #[arg(long, value_parser = parse_job_name)]
@@ -503,25 +508,20 @@ fn run_efa(cli: &Cli, folder: &Path, started: u64) -> Result<()> {
         "p2plab-bench: {} rounds in one boot of {}",
         cli.rounds, cli.efa_topology
     );
-    let measured = efa::run(&options, &plan)?;
+    let (measured, date_utc) = match &cli.efa_reread {
+        Some(run_dir) => (efa::reread(run_dir, &plan)?, efa::run_date(run_dir)?),
+        None => (efa::run(&options, &plan)?, format_utc(started)),
+    };
     let rows = efa::rows(&measured, &plan);
 
-    let document = json::efa_results(
-        &format_utc(started),
-        accel,
-        &cli.efa_topology,
-        &plan,
-        &measured,
-        &rows,
-    );
+    let document = json::efa_results(&date_utc, accel, &cli.efa_topology, &plan, &measured, &rows);
     let json_path = folder.join("results.json");
     let text = serde_json::to_string_pretty(&document).context("encoding results")?;
     std::fs::write(&json_path, text + "\n")
         .with_context(|| format!("writing {}", json_path.display()))?;
     let title = format!(
         "p2plab bench {} UTC, {accel}, EFA, {} rounds (bars: median ratio, whiskers: min–max)",
-        format_utc(started),
-        cli.rounds
+        date_utc, cli.rounds
     );
     let svg_path = folder.join("results.svg");
     let plotted: [(&str, &[Row]); 1] = [("EFA GPU vs RAM", &rows)];
