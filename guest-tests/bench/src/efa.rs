@@ -27,7 +27,7 @@ pub const MEMORIES: [&str; 2] = ["gpu", "ram"];
 pub const SERVERS: [&str; 2] = ["efa0", "efa1"];
 
 /// The counters kept per call, as deltas over it.
-const COUNTERS: [&str; 13] = [
+const COUNTERS: [&str; 15] = [
     "peer_bar_bytes",
     "dma_peer_read_bytes",
     "dma_peer_write_bytes",
@@ -41,6 +41,8 @@ const COUNTERS: [&str; 13] = [
     "read_resp_bytes",
     "retrans_pkts",
     "retrans_timeout_events",
+    "cpu_user_us",
+    "cpu_system_us",
 ];
 
 /// What the EFA boot runs.
@@ -246,6 +248,9 @@ pub struct Measured {
     /// memory -> SEND MiB/s per round (all of the round's SENDs of it:
     /// bytes over time)
     pub send: BTreeMap<String, Vec<f64>>,
+    /// memory -> both servers' CPU µs per MiB of payload, per round (all
+    /// of the round's calls of it, SENDs and reads, timed or not)
+    pub server_cpu: BTreeMap<String, Vec<f64>>,
     /// per call: label, memory, read_wr, MiB/s and the counter deltas
     pub calls: Vec<Value>,
     pub run_dirs: Vec<PathBuf>,
@@ -257,11 +262,16 @@ pub fn read_output(plan: &Plan, output: &str) -> Result<Measured> {
     for round in 1..=plan.rounds {
         for memory in MEMORIES {
             let mut send_us = 0u64;
+            let mut cpu_us = 0u64;
             for wr in &plan.read_wrs {
                 let label = label(round, memory, wr);
                 let call = parse_call(output, &label, plan.len_bytes)?;
                 check_path(&label, memory, plan.len_bytes, &call)?;
                 send_us += call.send_us;
+                cpu_us += SERVERS
+                    .iter()
+                    .map(|s| call.deltas[*s]["cpu_user_us"] + call.deltas[*s]["cpu_system_us"])
+                    .sum::<u64>();
                 m.read
                     .entry((memory.to_owned(), wr.clone()))
                     .or_default()
@@ -275,6 +285,12 @@ pub fn read_output(plan: &Plan, output: &str) -> Result<Measured> {
             let bytes = plan.len_bytes * plan.read_wrs.len() as u64;
             let mib_s = bytes as f64 / (1024.0 * 1024.0) / (send_us as f64 / 1e6);
             m.send.entry(memory.to_owned()).or_default().push(mib_s);
+            // Each call moves its bytes twice: SENT, then read back.
+            let moved_mib = 2.0 * bytes as f64 / (1024.0 * 1024.0);
+            m.server_cpu
+                .entry(memory.to_owned())
+                .or_default()
+                .push(cpu_us as f64 / moved_mib);
         }
     }
     Ok(m)
@@ -346,6 +362,12 @@ pub fn rows(m: &Measured, plan: &Plan) -> Vec<Row> {
         right: get(m.send.get("ram")),
         lower_is_better: false,
     }];
+    rows.push(Row {
+        label: "efa0+efa1 server CPU µs/MiB".to_owned(),
+        left: get(m.server_cpu.get("gpu")),
+        right: get(m.server_cpu.get("ram")),
+        lower_is_better: true,
+    });
     for wr in &plan.read_wrs {
         rows.push(Row {
             label: format!("efa1-reads-efa0 rdma-read {wr} WRs MiB/s"),
@@ -426,6 +448,7 @@ mod tests {
     const R0: (&str, u64) = ("read_resp_bytes", MIB);
     const S1: (&str, u64) = ("recv_bytes", MIB);
     const R1: (&str, u64) = ("read_bytes", MIB);
+    const CPU: (&str, u64) = ("cpu_user_us", 100);
 
     const OK: &str = "exit=0 mem=gpu bytes=1048576 read_bytes=1048576 send_us=500000 read_us=250000 expected_crc=0x1 sent_crc=0x2 dst_crc=0x2 read_crc=0x1 verify=ok";
 
@@ -532,18 +555,20 @@ mod tests {
                                 ("dma_peer_read_bytes", 2 * len),
                                 S0,
                                 R0,
+                                CPU,
                             ],
                             vec![
                                 ("peer_bar_bytes", 2 * len),
                                 ("dma_peer_write_bytes", 2 * len),
                                 S1,
                                 R1,
+                                CPU,
                             ],
                         )
                     } else {
                         (
-                            vec![("dma_mmap_read_bytes", 2 * len), S0, R0],
-                            vec![("dma_mmap_write_bytes", 2 * len), S1, R1],
+                            vec![("dma_mmap_read_bytes", 2 * len), S0, R0, CPU],
+                            vec![("dma_mmap_write_bytes", 2 * len), S1, R1, CPU],
                         )
                     };
                     let read_us = if memory == "gpu" { 100_000 } else { 200_000 };
@@ -557,12 +582,15 @@ mod tests {
         }
         let m = read_output(&p, &out).unwrap();
         let rows = rows(&m, &p);
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 4);
         // 2 MiB in 1.5 s.
         assert_eq!(rows[0].left, vec![2.0 / 1.5; 2]);
-        assert_eq!(rows[1].label, "efa1-reads-efa0 rdma-read 64K WRs MiB/s");
-        assert_eq!(rows[1].left, vec![10.0; 2]);
-        assert_eq!(rows[1].right, vec![5.0; 2]);
+        // 2 calls × 2 servers × 100 µs over 2 × 2 MiB moved.
+        assert_eq!(rows[1].left, vec![100.0; 2]);
+        assert!(rows[1].lower_is_better);
+        assert_eq!(rows[2].label, "efa1-reads-efa0 rdma-read 64K WRs MiB/s");
+        assert_eq!(rows[2].left, vec![10.0; 2]);
+        assert_eq!(rows[2].right, vec![5.0; 2]);
         assert_eq!(m.calls.len(), 8);
     }
 }
