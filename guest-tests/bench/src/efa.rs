@@ -27,7 +27,7 @@ pub const MEMORIES: [&str; 2] = ["gpu", "ram"];
 pub const SERVERS: [&str; 2] = ["efa0", "efa1"];
 
 /// The counters kept per call, as deltas over it.
-const COUNTERS: [&str; 15] = [
+const COUNTERS: [&str; 16] = [
     "peer_bar_bytes",
     "dma_peer_read_bytes",
     "dma_peer_write_bytes",
@@ -43,6 +43,7 @@ const COUNTERS: [&str; 15] = [
     "retrans_timeout_events",
     "cpu_user_us",
     "cpu_system_us",
+    "idle_poll_cpu_us",
 ];
 
 /// What the EFA boot runs.
@@ -248,8 +249,9 @@ pub struct Measured {
     /// memory -> SEND MiB/s per round (all of the round's SENDs of it:
     /// bytes over time)
     pub send: BTreeMap<String, Vec<f64>>,
-    /// memory -> both servers' CPU µs per MiB of payload, per round (all
-    /// of the round's calls of it, SENDs and reads, timed or not)
+    /// memory -> both servers' CPU µs (less what they count as idle polling)
+    /// per MiB of payload, per round (all of the round's calls of it,
+    /// SENDs and reads, timed or not)
     pub server_cpu: BTreeMap<String, Vec<f64>>,
     /// per call: label, memory, read_wr, MiB/s and the counter deltas
     pub calls: Vec<Value>,
@@ -270,7 +272,11 @@ pub fn read_output(plan: &Plan, output: &str) -> Result<Measured> {
                 send_us += call.send_us;
                 cpu_us += SERVERS
                     .iter()
-                    .map(|s| call.deltas[*s]["cpu_user_us"] + call.deltas[*s]["cpu_system_us"])
+                    .map(|s| {
+                        let d = &call.deltas[*s];
+                        (d["cpu_user_us"] + d["cpu_system_us"])
+                            .saturating_sub(d["idle_poll_cpu_us"])
+                    })
                     .sum::<u64>();
                 m.read
                     .entry((memory.to_owned(), wr.clone()))
