@@ -78,10 +78,17 @@ struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     keep_alive_ms: u64,
     /// The fabric port's wire (p2plab-wire): `loopback`, `listen:PATH` or
-    /// `connect:PATH` (a unix socket; the other EFA takes the other end).
-    /// Without it the port has no peer: the link stays down.
+    /// `connect:PATH` (a unix socket; the other EFA takes the other end),
+    /// or `tcp-listen:ADDR:PORT` / `tcp-connect:HOST:PORT` (another lab,
+    /// on this host or another; needs --wire-key). Without it the port
+    /// has no peer: the link stays down.
     #[arg(long, value_name = "WIRE")]
     wire: Option<WireConfig>,
+    /// The pre-shared key file of a TCP wire: the same file on both ends,
+    /// mode 0600 and owned by the server's uid (`openssl rand -hex 32`).
+    /// The peer proves it holds the key before it gets the link.
+    #[arg(long, value_name = "FILE")]
+    wire_key: Option<std::path::PathBuf>,
     /// PCI identity (default 1d0f:efa1).
     #[command(flatten)]
     ids: PciIdArgs,
@@ -160,6 +167,16 @@ fn main() -> ExitCode {
         eprintln!("p2plab-efa: {e}");
         return ExitCode::from(2);
     }
+    let tcp_wire = matches!(
+        args.wire,
+        Some(WireConfig::TcpListen(_) | WireConfig::TcpConnect(_))
+    );
+    if args.wire_key.is_some() && !tcp_wire {
+        eprintln!(
+            "p2plab-efa: --wire-key is for a TCP wire (--wire tcp-listen:... or tcp-connect:...)"
+        );
+        return ExitCode::from(2);
+    }
     p2plab_server::run_main(&PROCESS, &args.server, |launch| run(&args, launch))
 }
 
@@ -175,6 +192,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
             let options = WireOptions {
                 allowed_uids: args.server.allow_uid.clone(),
                 thread_name: "efa-wire".into(),
+                key_file: args.wire_key.clone(),
                 ..WireOptions::default()
             };
             let wire = Wire::open(config, options).with_context(|| format!("--wire {config}"))?;

@@ -206,3 +206,179 @@ fn a_hostile_fabric_peer_is_cut_off_refused_and_its_packets_dropped() {
     assert!(!log.contains("panicked"), "a thread panicked:\n{log}");
     assert!(!wire.exists(), "the wire socket outlived the server");
 }
+
+/// A free port on 127.0.0.1 (the kernel's pick; freed again for the
+/// server to bind).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+fn tcp_closed_by_other_end(stream: &mut std::net::TcpStream, secs: u64) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(secs)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // its HELLO
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+const TCP_KEY: &str = "6b1f0e3d2c5a4978b6e1d0c3f2a59487b6e1d0c3f2a59487b6e1d0c3f2a59487";
+
+/// Catches: an EFA whose TCP wire gives the link to a peer without the
+/// key (a wrong key, garbage, a slowloris that never finishes), keeps a
+/// stranger's connection open past the handshake timeout, lets an
+/// authenticated peer's oversized frame through, or does not carry an
+/// authenticated peer's packets to the device; and one that starts with a
+/// key file others may read, or a TCP wire without a key.
+#[test]
+fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
+    use p2plab_wire::tcp::authenticate;
+    use p2plab_wire::{Role, TcpOptions, WireKey};
+    use std::net::TcpStream;
+
+    // Start-up refusals: a key file others may read, no key at all.
+    let dir = std::env::temp_dir().join(format!("p2plab-efa-tcp-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let loose = dir.join("loose.key");
+    std::fs::write(&loose, TCP_KEY).unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for (extra, says) in [
+        (vec!["--wire-key", loose.to_str().unwrap()], "chmod 600"),
+        (vec![], "--wire-key"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_p2plab-efa"))
+            .arg("--socket")
+            .arg(dir.join("efa.sock"))
+            .args(["--wire", "tcp-listen:127.0.0.1:0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with a bad key setup");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = SpawnedServer::start(env!("CARGO_BIN_EXE_p2plab-efa"), "efa-hostile-tcp", |dir| {
+        let key = dir.join("wire.key");
+        std::fs::write(&key, format!("{TCP_KEY}\n")).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        vec![
+            "--wire".to_string(),
+            format!("tcp-listen:{addr}"),
+            "--wire-key".to_string(),
+            key.display().to_string(),
+            "--gid".to_string(),
+            "fd00:7032:efa0::1".to_string(),
+            "--keep-alive-ms".to_string(),
+            "0".to_string(),
+        ]
+    });
+    let link_up = |server: &SpawnedServer| counter(&server.status(), "link_up") == 1;
+    let refused = |server: &SpawnedServer| wire_counter(&server.status(), "peers_refused");
+    let options =
+        |key: &str| TcpOptions::new(WireKey::from_bytes(key.as_bytes().to_vec()).unwrap());
+
+    // A peer with another key: the handshake fails on both ends.
+    let stream = TcpStream::connect(&addr).unwrap();
+    let other = TCP_KEY.replace('6', "7");
+    let err = authenticate(stream, Role::Dialer, &options(&other)).unwrap_err();
+    assert!(err.contains("does not match our key"), "{err}");
+    wait_until("the wrong key is counted", || refused(&server) == 1);
+
+    // Garbage: cut off at once.
+    let mut garbage = TcpStream::connect(&addr).unwrap();
+    garbage.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").unwrap();
+    garbage.write_all(&[0u8; 64]).unwrap();
+    assert!(tcp_closed_by_other_end(&mut garbage, 3));
+    wait_until("the garbage is counted", || refused(&server) == 2);
+
+    // A slowloris: a few bytes, then silence; cut off at the handshake
+    // timeout (5 s).
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"P2WH").unwrap();
+    let start = Instant::now();
+    assert!(
+        tcp_closed_by_other_end(&mut slow, 10),
+        "the slowloris kept its connection"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    wait_until("the slowloris is counted", || refused(&server) == 3);
+    assert!(!link_up(&server), "a peer without the key got the link");
+
+    // A peer with the key gets the link; its oversized frame cuts it off.
+    let mut peer = authenticate(
+        TcpStream::connect(&addr).unwrap(),
+        Role::Dialer,
+        &options(TCP_KEY),
+    )
+    .unwrap();
+    wait_until("the peer with the key is taken", || link_up(&server));
+    let mut too_long = Frame::new(vec![]).header().to_vec();
+    too_long[8..12].copy_from_slice(&(DEFAULT_MAX_PAYLOAD + 1).to_le_bytes());
+    peer.write_all(&too_long).unwrap();
+    assert!(tcp_closed_by_other_end(&mut peer, 5), "not cut off");
+    wait_until("the protocol error is counted", || {
+        wire_counter(&server.status(), "protocol_errors") == 1
+    });
+
+    // Another with the key: its SEND to no QP reaches the device, whose
+    // error ACK comes back over TCP.
+    let mut peer = authenticate(
+        TcpStream::connect(&addr).unwrap(),
+        Role::Dialer,
+        &options(TCP_KEY),
+    )
+    .unwrap();
+    wait_until("the next peer is taken", || link_up(&server));
+    peer.write_all(&Frame::new(send_to(9).encode()).encode())
+        .unwrap();
+    peer.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut decoder = Decoder::new(DEFAULT_MAX_PAYLOAD);
+    let frame = loop {
+        if let Some(frame) = decoder.next_frame().unwrap() {
+            break frame;
+        }
+        let mut buf = [0u8; 4096];
+        let n = peer.read(&mut buf).expect("the EFA answers");
+        assert_ne!(n, 0, "the EFA closed the wire");
+        decoder.push(&buf[..n]);
+    };
+    let answer = Packet::decode(&frame.payload).expect("the answer is a packet");
+    assert!(
+        matches!(answer.body, Body::Ack { status, .. } if status != 0),
+        "{answer:?}"
+    );
+    let status = server.status();
+    assert_eq!(wire_counter(&status, "connections"), 2, "{status}");
+    assert_eq!(wire_counter(&status, "frames_received"), 1, "{status}");
+    assert_eq!(wire_counter(&status, "frames_sent"), 1, "{status}");
+
+    let log = server.log();
+    assert!(
+        log.contains("does not match our key"),
+        "no log line for the wrong key:\n{log}"
+    );
+    assert!(
+        log.contains("no handshake within"),
+        "no log line for the slowloris:\n{log}"
+    );
+    let exit = server.stop();
+    assert!(exit.success(), "the server exited with {exit}:\n{log}");
+    assert!(!log.contains("panicked"), "a thread panicked:\n{log}");
+}

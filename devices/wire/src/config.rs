@@ -12,6 +12,10 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Frames a receiver holds before its sender waits.
 pub const QUEUE_FRAMES: usize = 8;
 
+/// How long a TCP connection has to pass the handshake, unless told
+/// otherwise.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where a device's wire goes (`--wire`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireConfig {
@@ -22,6 +26,35 @@ pub enum WireConfig {
     /// Connect to a peer listening at this path (retried until it is
     /// there, and again whenever the link goes down).
     Connect(PathBuf),
+    /// Listen on this TCP address (`0.0.0.0:18600`, `[::]:18600`) for a
+    /// peer that proves it holds the key (`--wire-key`).
+    TcpListen(String),
+    /// Connect to a peer listening at this TCP `HOST:PORT` (retried until
+    /// it is there, and again whenever the link goes down).
+    TcpConnect(String),
+}
+
+/// `ADDR:PORT` or `HOST:PORT`, as `tcp-listen:` and `tcp-connect:` take it
+/// (a numeric address for listening; IPv6 in brackets).
+fn tcp_address(text: &str, listening: bool) -> Result<String, String> {
+    if listening {
+        return text
+            .parse::<std::net::SocketAddr>()
+            .map(|_| text.to_owned())
+            .map_err(|_| {
+                format!("tcp-listen:{text}: expected ADDR:PORT (0.0.0.0:18600, [::1]:18600)")
+            });
+    }
+    let port_ok = text
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+    if port_ok {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "tcp-connect:{text}: expected HOST:PORT (10.0.0.1:18600, lab-b:18600)"
+        ))
+    }
 }
 
 impl std::str::FromStr for WireConfig {
@@ -32,8 +65,11 @@ impl std::str::FromStr for WireConfig {
             _ if text == "loopback" => Ok(WireConfig::Loopback),
             Some(("listen", path)) if !path.is_empty() => Ok(WireConfig::Listen(path.into())),
             Some(("connect", path)) if !path.is_empty() => Ok(WireConfig::Connect(path.into())),
+            Some(("tcp-listen", addr)) => tcp_address(addr, true).map(WireConfig::TcpListen),
+            Some(("tcp-connect", addr)) => tcp_address(addr, false).map(WireConfig::TcpConnect),
             _ => Err(format!(
-                "{text:?} is not a wire: loopback, listen:PATH or connect:PATH"
+                "{text:?} is not a wire: loopback, listen:PATH, connect:PATH, \
+                 tcp-listen:ADDR:PORT or tcp-connect:HOST:PORT"
             )),
         }
     }
@@ -45,6 +81,8 @@ impl std::fmt::Display for WireConfig {
             WireConfig::Loopback => f.write_str("loopback"),
             WireConfig::Listen(path) => write!(f, "listen:{}", path.display()),
             WireConfig::Connect(path) => write!(f, "connect:{}", path.display()),
+            WireConfig::TcpListen(addr) => write!(f, "tcp-listen:{addr}"),
+            WireConfig::TcpConnect(addr) => write!(f, "tcp-connect:{addr}"),
         }
     }
 }
@@ -67,6 +105,12 @@ pub struct WireOptions {
     pub queue_frames: usize,
     /// Name of the wire's thread (`nic-wire`).
     pub thread_name: String,
+    /// The pre-shared key file a TCP wire's peer must prove it holds
+    /// (`--wire-key`; mode 0600, ours). A TCP wire refuses to start
+    /// without one.
+    pub key_file: Option<PathBuf>,
+    /// How long a TCP connection has to pass the handshake.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for WireOptions {
@@ -77,6 +121,8 @@ impl Default for WireOptions {
             allowed_uids: Vec::new(),
             queue_frames: QUEUE_FRAMES,
             thread_name: "wire".into(),
+            key_file: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -100,6 +146,33 @@ mod tests {
         );
         assert!("listen:".parse::<WireConfig>().is_err());
         assert!("tcp:1.2.3.4".parse::<WireConfig>().is_err());
+        for text in [
+            "tcp-listen:0.0.0.0:18600",
+            "tcp-listen:[::1]:0",
+            "tcp-connect:10.77.0.1:18600",
+            "tcp-connect:lab-b.example:18600",
+            "tcp-connect:[fd00::1]:18600",
+        ] {
+            let config: WireConfig = text.parse().unwrap();
+            assert_eq!(config.to_string(), text);
+        }
+        assert_eq!(
+            "tcp-connect:h:1".parse(),
+            Ok(WireConfig::TcpConnect("h:1".into()))
+        );
+        for bad in [
+            "tcp-listen:",
+            "tcp-listen:18600",
+            "tcp-listen:lab-a:18600",
+            "tcp-listen:0.0.0.0:70000",
+            "tcp-connect:",
+            "tcp-connect:host",
+            "tcp-connect::18600",
+            "tcp-connect:host:0",
+            "tcp-connect:host:x",
+        ] {
+            assert!(bad.parse::<WireConfig>().is_err(), "{bad} taken");
+        }
         assert!("loopback:x".parse::<WireConfig>().is_err());
     }
 }

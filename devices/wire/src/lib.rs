@@ -16,8 +16,9 @@
 //! Ends: [`Wire::loopback`] and [`Wire::pair`] in one process; over a
 //! stream [`Transport`] between processes: [`UnixTransport`] (listen or
 //! connect on a unix socket, mode 0600 from bind, peers checked with
-//! SO_PEERCRED, one peer at a time). A TCP transport fits behind the same
-//! trait: the framing is self-delimiting, versioned and addressed.
+//! SO_PEERCRED, one peer at a time) and [`TcpTransport`] (two labs on two
+//! hosts or in two network namespaces: the peer proves it holds a
+//! pre-shared [`WireKey`] by an HMAC challenge-response, [`handshake`]).
 //!
 //! Modules, lowest first (each imports only those before it):
 //!
@@ -30,6 +31,9 @@
 //! | [`config`] | [`WireConfig`] (`--wire`), [`WireOptions`], [`SEND_TIMEOUT`] |
 //! | [`transport`] | the [`Transport`] and [`Stream`] traits |
 //! | [`unix`] | [`UnixTransport`] |
+//! | [`key`] | [`WireKey`], the TCP transport's pre-shared key file |
+//! | [`handshake`] | the TCP peer check, a pure state machine |
+//! | [`tcp`] | [`TcpTransport`] |
 //! | `core` | what the threads share; the one bounded send path |
 //! | `link` | the link thread of a stream wire (one peer, reads under flow control) |
 //! | `wire` | [`Wire`], the device's handle |
@@ -37,10 +41,13 @@
 pub mod config;
 mod core;
 pub mod frame;
+pub mod handshake;
 pub mod impair;
+pub mod key;
 mod link;
 pub mod order;
 pub mod stats;
+pub mod tcp;
 pub mod transport;
 pub mod unix;
 mod wire;
@@ -48,8 +55,11 @@ mod wire;
 pub use crate::core::SendError;
 pub use config::{WireConfig, WireOptions, QUEUE_FRAMES, SEND_TIMEOUT};
 pub use frame::{fcs, DecodeError, Decoder, Endpoint, Frame, DEFAULT_MAX_PAYLOAD};
+pub use handshake::{Handshake, HandshakeError, Role};
 pub use impair::{Impairment, Outbox, HOLD_LIMIT};
+pub use key::WireKey;
 pub use stats::{WireStats, WireStatsSnapshot};
+pub use tcp::{TcpOptions, TcpTransport};
 pub use transport::{Arrival, Stream, Transport};
 pub use unix::UnixTransport;
 pub use wire::{Sent, Wire};

@@ -12,9 +12,11 @@ use crate::config::{WireConfig, WireOptions};
 use crate::core::{lock, Core, Outlet, Queued, SendError, StreamOut};
 use crate::frame::Frame;
 use crate::impair::{corrupt, Impairment};
+use crate::key::WireKey;
 use crate::link;
 use crate::order::ArrivalOrder;
 use crate::stats::{WireStats, WireStatsSnapshot};
+use crate::tcp::{TcpOptions, TcpTransport};
 use crate::transport::Transport;
 use crate::unix::UnixTransport;
 
@@ -65,7 +67,31 @@ impl Wire {
                 let transport = UnixTransport::connect(path, &options.allowed_uids);
                 Self::over(Box::new(transport), options)
             }
+            WireConfig::TcpListen(addr) => {
+                let transport = TcpTransport::listen(addr, Self::tcp_options(&options)?)?;
+                Self::over(Box::new(transport), options)
+            }
+            WireConfig::TcpConnect(target) => {
+                let transport = TcpTransport::connect(target, Self::tcp_options(&options)?)?;
+                Self::over(Box::new(transport), options)
+            }
         }
+    }
+
+    /// A TCP wire's options: its key is loaded (and checked) now, so a
+    /// missing or loose key file fails at start.
+    fn tcp_options(options: &WireOptions) -> io::Result<TcpOptions> {
+        let Some(path) = &options.key_file else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a TCP wire needs a pre-shared key: --wire-key FILE (mode 0600, \
+                 the same file on both ends; `openssl rand -hex 32` makes one)",
+            ));
+        };
+        let mut tcp = TcpOptions::new(WireKey::load(path)?);
+        tcp.handshake_timeout = options.handshake_timeout;
+        tcp.user_timeout = options.send_timeout;
+        Ok(tcp)
     }
 
     /// A wire over a stream transport; its link thread starts now.

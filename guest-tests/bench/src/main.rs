@@ -21,6 +21,7 @@
 //! `json` and `svg`.
 
 mod anchor;
+mod dgx;
 mod efa;
 mod fio;
 mod guest;
@@ -89,6 +90,12 @@ struct Cli {
     /// Run only the RDMA workloads: no NVMe boot at all.
     #[arg(long, conflicts_with = "no_rdma")]
     rdma_only: bool,
+    /// Run only the `dgx` figures: one boot of the `dgx` topology per
+    /// round (boot time, peak RSS, P2P of one pair and of four at once,
+    /// 4 KiB reads from one job and from one job per vCPU; `--runtime`
+    /// seconds per fio run).
+    #[arg(long, conflicts_with_all = ["rdma_only", "only"])]
+    dgx_only: bool,
     /// Topology for the RDMA workloads (needs nic0 and nic1 wired to each
     /// other, and gpu0 under the same switch).
     #[arg(long, default_value = "rdma")]
@@ -117,7 +124,7 @@ struct Cli {
     /// Run only the EFA workloads: one boot of `--efa-topology`, GPU
     /// memory (dma-buf MRs) against guest RAM over efa0 → efa1, all
     /// rounds in that boot; results-efa.json's layout.
-    #[arg(long, conflicts_with_all = ["rdma_only", "no_rdma", "only", "no_p2p"])]
+    #[arg(long, conflicts_with_all = ["rdma_only", "no_rdma", "only", "no_p2p", "dgx_only"])]
     efa_only: bool,
     /// Topology for the EFA workloads (efa0 with gpu0, efa1 with gpu1).
     #[arg(long, default_value = "rdma-efa")]
@@ -222,9 +229,45 @@ fn run(cli: &Cli) -> Result<()> {
     if cli.efa_only {
         return run_efa(cli, &folder, started);
     }
+    if cli.dgx_only {
+        return run_dgx(cli, &paths, &folder, started);
+    }
     let (settings, boots) = plan(cli, &paths, &folder, started)?;
     let sides = run_rounds(cli, &boots)?;
     report(cli, &settings, &sides, &folder)
+}
+
+/// `--dgx-only`: the rounds of `dgx` boots, their `results.json` in
+/// `folder`, and their table.
+fn run_dgx(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<()> {
+    let options = boot_options(cli, "dgx", &dgx::script(cli.runtime))?;
+    // The guest environment and overlay first, so that no round's boot
+    // time includes building them.
+    p2plab_lab::setup::ensure_guest_env(paths)?;
+    p2plab_lab::setup::ensure_overlay(paths)?;
+    let mut rounds = Vec::new();
+    for round in 1..=cli.rounds {
+        eprintln!("p2plab-bench: dgx round {round}/{}", cli.rounds);
+        rounds.push(dgx::run_round(&options)?);
+    }
+    let accel = match run_accel(cli)? {
+        AccelRequest::Kvm => Accel::Kvm,
+        _ => Accel::Tcg,
+    };
+    let date = format_utc(started);
+    let document = dgx::results(&date, &accel.to_string(), cli.runtime, &rounds);
+    let json_path = folder.join("results.json");
+    let text = serde_json::to_string_pretty(&document).context("encoding results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    println!(
+        "dgx, {date} UTC, {accel}, {} rounds, {} s per fio run:\n\n{}",
+        cli.rounds,
+        cli.runtime,
+        dgx::table(&rounds)
+    );
+    println!("results: {}", json_path.display());
+    Ok(())
 }
 
 /// A fresh folder for the run's results and the anchor topology it runs.

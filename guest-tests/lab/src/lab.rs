@@ -1241,7 +1241,9 @@ mod tests {
         ("lab-pmr", "max", Accel::Kvm, Accel::Kvm),
         ("rdma", "max", Accel::Kvm, Accel::Kvm),
         ("rdma-efa", "max", Accel::Kvm, Accel::Kvm),
+        ("efa-tcp", "max", Accel::Kvm, Accel::Kvm),
         ("two-nvme", "max", Accel::Kvm, Accel::Kvm),
+        ("dgx", "max,vendor=GenuineIntel", Accel::Kvm, Accel::Tcg),
         (
             "rdma-separate",
             "max,vendor=GenuineIntel",

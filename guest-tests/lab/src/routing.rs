@@ -472,6 +472,48 @@ mod tests {
         assert!(text.contains("ACS redirect on"), "{text}");
     }
 
+    /// Catches: a `dgx` topology file whose device tree no longer gives
+    /// the pairs its header and the book promise: each NVMe with the GPU
+    /// of its own switch, nvme2/nvme3 with gpu3/gpu2 through the shared
+    /// switch, every other NVMe -> GPU pair only through the host bridge
+    /// (the `dgx` e2e suite expects exactly these pairs allowed and the
+    /// rest refused). The tree is read as the routing reads it, with an
+    /// IOMMU added so that it derives the pairs (no port below a common
+    /// switch has ACS, so the IOMMU changes none of them).
+    #[test]
+    fn dgx_pairs_meet_where_its_header_says() {
+        let mut dgx = shipped("dgx");
+        dgx.qemu_args.extend([
+            "-device".to_owned(),
+            "intel-iommu,caching-mode=on".to_owned(),
+        ]);
+        let r = routing_of(&dgx, &[]).unwrap().unwrap();
+        let route = |a: &str, b: &str| {
+            r.pairs
+                .iter()
+                .find(|(x, y, _)| x == a && y == b)
+                .map(|(_, _, route)| route.clone())
+                .unwrap_or_else(|| panic!("no pair {a} -> {b}"))
+        };
+        for n in 0..4 {
+            for g in 0..4 {
+                let (nvme, gpu) = (format!("nvme{n}"), format!("gpu{g}"));
+                let want = match (n, g) {
+                    _ if n == g => PairRoute::Switch {
+                        common: format!("up{n}"),
+                    },
+                    (2, 3) | (3, 2) => PairRoute::Switch {
+                        common: "upS".into(),
+                    },
+                    _ => PairRoute::HostBridge,
+                };
+                assert_eq!(route(&nvme, &gpu), want, "{nvme} -> {gpu}");
+            }
+        }
+        assert_eq!(r.direct_peers["nvme2"], "gpu2,gpu3,nvme3");
+        assert_eq!(r.direct_peers["gpu0"], "nvme0");
+    }
+
     #[test]
     fn parses_both_device_forms() {
         let d = parse_device("pcie-root-port,id=rp0,bus=pcie.0,disable-acs=on").unwrap();

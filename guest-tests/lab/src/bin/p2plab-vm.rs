@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use p2plab_lab::accel::{AccelRequest, Timeout};
 use p2plab_lab::lab::{preview_accel, stop_kept, LAB_FAILURE};
+use p2plab_lab::topology::{Placeholders, Topology};
 use p2plab_lab::{Lab, LabOptions, LabPaths, Mode};
 
 /// Boot the p2plab guest with the emulated NVMe (CMB) and GPU devices
@@ -80,6 +81,27 @@ struct Cli {
     #[arg(long, value_name = "all|DEV[,DEV]")]
     guest_control: Option<p2plab_lab::GuestControl>,
 
+    /// The wire of the topology's EFA (every p2plab-efa server), as its
+    /// `--wire`: `tcp-listen:ADDR:PORT` in one lab and
+    /// `tcp-connect:HOST:PORT` in another joins the two labs' EFAs (two
+    /// hosts, or two network namespaces), e.g. with `--config efa-tcp`.
+    #[arg(long, value_name = "WIRE")]
+    efa_wire: Option<String>,
+
+    /// The pre-shared key file of a TCP `--efa-wire`: the same file in both
+    /// labs, mode 0600, owned by you (`openssl rand -hex 32 > FILE`).
+    #[arg(long, value_name = "FILE", requires = "efa_wire")]
+    efa_wire_key: Option<PathBuf>,
+
+    /// The GID of the topology's EFA (two labs need two different ones).
+    #[arg(long, value_name = "GID")]
+    efa_gid: Option<String>,
+
+    /// Folder for state kept across boots (disk images, `@STATE@`);
+    /// default `.cache/state`. Two labs at once need two.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+
     /// Show boot messages and progress.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -100,6 +122,78 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
             "expected a positive number of seconds, got {text:?}"
         )),
     }
+}
+
+/// `--efa-wire`, `--efa-wire-key` and `--efa-gid` as arguments of the
+/// topology's p2plab-efa servers; refused before anything starts when the
+/// topology has no EFA, already gives it a wire, or has two for one GID.
+fn efa_server_args(cli: &Cli) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    if cli.efa_wire.is_none() && cli.efa_gid.is_none() {
+        return Ok(Vec::new());
+    }
+    let paths = LabPaths::discover()?;
+    let vars = Placeholders {
+        run: PathBuf::from("@RUN@"),
+        state: PathBuf::from("@STATE@"),
+    };
+    let topology = Topology::load(&paths.topology(&cli.config)?, &vars)?;
+    let efas: Vec<_> = topology
+        .servers
+        .iter()
+        .filter(|s| s.binary == "p2plab-efa")
+        .collect();
+    if efas.is_empty() {
+        anyhow::bail!(
+            "--efa-wire/--efa-gid: topology {} has no p2plab-efa server (try --config efa-tcp)",
+            topology.name
+        );
+    }
+    if cli.efa_gid.is_some() && efas.len() > 1 {
+        anyhow::bail!(
+            "--efa-gid: topology {} has {} EFAs; one GID cannot name them all",
+            topology.name,
+            efas.len()
+        );
+    }
+    let mut args = Vec::new();
+    if let Some(wire) = &cli.efa_wire {
+        args.push(format!("--wire={wire}"));
+    }
+    if let Some(key) = &cli.efa_wire_key {
+        // The servers do not run in our folder: an absolute path, and a
+        // missing file said here.
+        let key = key
+            .canonicalize()
+            .map_err(|e| anyhow::anyhow!("--efa-wire-key {}: {e}", key.display()))?;
+        args.push(format!("--wire-key={}", key.display()));
+    }
+    if let Some(gid) = &cli.efa_gid {
+        args.push(format!("--gid={gid}"));
+    }
+    let mut per_server = Vec::new();
+    for efa in efas {
+        let has = |flag: &str| {
+            efa.args
+                .iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        if cli.efa_wire.is_some() && has("--wire") {
+            anyhow::bail!(
+                "--efa-wire: {}'s wire is set by topology {} already",
+                efa.id,
+                topology.name
+            );
+        }
+        if cli.efa_gid.is_some() && has("--gid") {
+            anyhow::bail!(
+                "--efa-gid: {}'s GID is set by topology {} already",
+                efa.id,
+                topology.name
+            );
+        }
+        per_server.push((efa.id.clone(), args.clone()));
+    }
+    Ok(per_server)
 }
 
 fn main() -> ExitCode {
@@ -152,6 +246,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         eprintln!("p2plab: {}", accel.line);
         return Ok(ExitCode::SUCCESS);
     }
+    let efa_args = efa_server_args(&cli)?;
     let mode = match (cli.keep, cli.exec) {
         (true, command) => Mode::Keep(command),
         (false, Some(command)) => Mode::Exec(command),
@@ -168,6 +263,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         options.every_server_args = vec!["--peer-path".to_owned(), mode.clone()];
     }
     options.guest_control = cli.guest_control.unwrap_or_default();
+    options.server_args = efa_args;
+    options.state = cli.state;
     options.verbose = cli.verbose;
     // The CLI reports complaints in the guest's kernel log but keeps the
     // command's exit status.

@@ -1,0 +1,404 @@
+//! Two labs, one wire (issue 25): two `efa-tcp` labs, each in its own
+//! network namespace joined by a veth pair, their EFAs' wire over TCP
+//! (`p2plab-vm --efa-wire tcp-listen:10.77.0.1:18600` in one,
+//! `tcp-connect:10.77.0.1:18600` in the other, one pre-shared key file),
+//! and unmodified perftest between the two guests.
+//!
+//! This suite runs TWO guests at once (TCG, 2 vCPUs and 1 GiB each, on the
+//! same shared cores): run it alone under the e2e lock, which the caller
+//! holds for the whole test (`flock /tmp/p2plab-e2e.lock scripts/test
+//! --e2e-only --suite two_labs`). It needs root (`ip netns`).
+//!
+//! `two_labs_rdma_over_tcp_between_network_namespaces`:
+//! 1. Both guests reach each other over their own IP link (perftest's
+//!    setup channel), the driver binds each lab's EFA (port ACTIVE) and
+//!    the two EFAs have the GIDs the launcher gave (`--efa-gid`).
+//!    Catches: a launcher that drops `--efa-gid`, or two labs that cannot
+//!    reach each other at all.
+//! 2. perftest's ib_send_bw and ib_read_bw (SRD, `-x 0`) run between the
+//!    guests: both ends exit 0, their result rows parse with the message
+//!    size and iteration count asked for (and a bandwidth above zero unless
+//!    perftest's TCG clock calibration failed, which it says).
+//!    Catches: an SRD data path that breaks across two processes on two
+//!    network stacks (packets lost or unanswered over TCP).
+//! 3. Both servers' stats files: their wire came up once over TCP and its
+//!    counters show the traffic
+//!    crossed it (frames each way, at least the payload perftest moved:
+//!    ib_read_bw's responses from lab A, ib_send_bw's messages from lab B,
+//!    one connection, no protocol error, no refused peer), and the EFA
+//!    counters agree (lab A served the reads, lab B received nothing it did
+//!    not ask for).
+//!    Catches: a TCP wire that never comes up between two namespaces (the
+//!    handshake, the key, `--efa-wire`/`--efa-wire-key`), traffic that did
+//!    not go over it (a loopback shortcut), a wire that reconnected or
+//!    refused its peer meanwhile.
+//!
+//! GPU memory to GPU memory over the two labs needs dma-buf MRs on the EFA
+//! (another branch); the guest script marks where those runs go, and
+//! `efa-tcp` already puts a GPU beside each EFA.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use p2plab_lab::LabPaths;
+use serde_json::Value;
+
+const ITERS: u64 = 200;
+const SEND_SIZE: u64 = 4096;
+const READ_SIZE: u64 = 65536;
+const ADDR_A: &str = "10.77.0.1";
+const ADDR_B: &str = "10.77.0.2";
+const GUEST_A: &str = "192.168.77.1";
+const GUEST_B: &str = "192.168.77.2";
+const WIRE_PORT: u16 = 18600;
+const GUEST_NET_PORT: u16 = 18700;
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+/// Two network namespaces joined by a veth pair (A 10.77.0.1, B
+/// 10.77.0.2); removed (with the veth) when dropped, whatever happened.
+struct Namespaces {
+    a: String,
+    b: String,
+}
+
+impl Namespaces {
+    fn new() -> Self {
+        let id = std::process::id();
+        let ns = Self {
+            a: format!("p2plab-a-{id}"),
+            b: format!("p2plab-b-{id}"),
+        };
+        let (va, vb) = (format!("p2pa{id}"), format!("p2pb{id}"));
+        ip(&["netns", "add", &ns.a]);
+        ip(&["netns", "add", &ns.b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &ns.a]);
+        ip(&["link", "set", &vb, "netns", &ns.b]);
+        for (name, dev, addr) in [(&ns.a, &va, ADDR_A), (&ns.b, &vb, ADDR_B)] {
+            ip(&["-n", name, "link", "set", "lo", "up"]);
+            ip(&["-n", name, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", name, "link", "set", dev, "up"]);
+        }
+        ns
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+    }
+}
+
+/// A lab launcher running in a namespace; stopped (SIGTERM: it stops its
+/// servers and QEMU) if the test ends before it does.
+struct RunningLab {
+    name: &'static str,
+    child: Option<Child>,
+    stdout: PathBuf,
+    runs: PathBuf,
+}
+
+impl RunningLab {
+    fn wait(&mut self, budget: Duration) -> (i32, String) {
+        let deadline = Instant::now() + budget;
+        let mut child = self.child.take().expect("waited once");
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                self.child = Some(child);
+                panic!("lab {} did not finish within {budget:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let output = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+        (status.code().unwrap_or(-1), output)
+    }
+
+    /// The EFA server's stats file of the lab's run.
+    fn efa_stats(&self) -> Value {
+        let path = self.runs.join("latest/efa0.stats.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+    }
+}
+
+impl Drop for RunningLab {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            // SAFETY: kill(2) on the pid of our own child, not yet reaped
+            // (try_wait has not returned its status), so the pid is still
+            // its own.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Decompresses the guest kernel's virtio-net modules (not in the base
+/// initramfs) into `share`, where the guest script insmods them.
+fn share_net_modules(paths: &LabPaths, share: &Path) {
+    let env = paths.guest_env();
+    let kver = std::fs::read_to_string(env.join("kernel-version")).unwrap();
+    let modules = env
+        .join("root/lib/modules")
+        .join(kver.trim())
+        .join("kernel");
+    for (name, rel) in [
+        ("failover", "net/core/failover.ko.xz"),
+        ("net_failover", "drivers/net/net_failover.ko.xz"),
+        ("virtio_net", "drivers/net/virtio_net.ko.xz"),
+    ] {
+        let out = Command::new("xz")
+            .arg("-dc")
+            .arg(modules.join(rel))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "xz -dc {rel}");
+        std::fs::write(share.join(format!("{name}.ko")), out.stdout).unwrap();
+    }
+}
+
+/// The result row of a perftest output (the line after `#bytes`), as
+/// numbers; whether its clock calibration failed.
+fn perftest_row(text: &str) -> (Vec<f64>, bool) {
+    let calibration_failed = text.contains("Correlation coefficient");
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim_start().starts_with("#bytes") {
+            let row = lines.next().unwrap_or_default();
+            let numbers = row
+                .split_whitespace()
+                .map(|w| w.parse().unwrap_or(f64::NAN))
+                .collect();
+            return (numbers, calibration_failed);
+        }
+    }
+    panic!("no perftest result row in:\n{text}");
+}
+
+fn check_perftest(side: &str, text: &str, size: u64) {
+    let (row, calibration_failed) = perftest_row(text);
+    assert!(row.len() >= 4, "{side}: short result row {row:?}:\n{text}");
+    assert_eq!(row[0], size as f64, "{side}: message size:\n{text}");
+    assert_eq!(row[1], ITERS as f64, "{side}: iterations:\n{text}");
+    if !calibration_failed {
+        assert!(row[3] > 0.0, "{side}: average bandwidth 0:\n{text}");
+    }
+}
+
+fn wire(stats: &Value, name: &str) -> u64 {
+    stats["wire"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no wire counter {name} in {stats}"))
+}
+
+fn efa(stats: &Value, name: &str) -> u64 {
+    stats[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {stats}"))
+}
+
+#[test]
+fn two_labs_rdma_over_tcp_between_network_namespaces() {
+    let paths = LabPaths::discover().expect("the checkout");
+    let vm = paths.server_binary("p2plab-vm").expect("p2plab-vm built");
+    // The guest environment and overlay once, before two launchers could
+    // race to build them.
+    run(Command::new(&vm)
+        .arg("--setup-only")
+        .arg("--config")
+        .arg("efa-tcp"));
+
+    let work = std::env::temp_dir().join(format!("p2plab-two-labs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let key = work.join("wire.key");
+    std::fs::write(
+        &key,
+        "9c4f2b7e1a0d3c6f8e5b2a9d7c4f1e0b3a6d9c2f5e8b1a4d7c0f3e6b9a2d5c8f\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let ns = Namespaces::new();
+    let start = |name: &'static str,
+                 netns: &str,
+                 wire: String,
+                 gid: &str,
+                 args: [&str; 4],
+                 netdev: String,
+                 mac: &str| {
+        let share = work.join(format!("share-{name}"));
+        let runs = work.join(format!("runs-{name}"));
+        std::fs::create_dir_all(&share).unwrap();
+        share_net_modules(&paths, &share);
+        std::fs::write(
+            share.join("two-labs.sh"),
+            include_str!("../guest/two-labs.sh"),
+        )
+        .unwrap();
+        let stdout = work.join(format!("{name}.out"));
+        let exec = format!(
+            "bash /mnt/host/two-labs.sh {} {} {} {} {ITERS}",
+            args[0], args[1], args[2], args[3]
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .arg(&vm)
+            .args(["--config", "efa-tcp", "--accel", "tcg", "--timeout", "1500"])
+            .arg("--efa-wire")
+            .arg(wire)
+            .arg("--efa-wire-key")
+            .arg(&key)
+            .args(["--efa-gid", gid])
+            .arg("--share")
+            .arg(&share)
+            .arg("--state")
+            .arg(work.join(format!("state-{name}")))
+            .args(["--exec", &exec])
+            .arg("--")
+            .args(["-netdev", &netdev])
+            .args([
+                "-device",
+                &format!("virtio-net-pci,netdev=labnet,mac={mac}"),
+            ])
+            .env("P2PLAB_RUNS", &runs)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting p2plab-vm");
+        RunningLab {
+            name,
+            child: Some(child),
+            stdout,
+            runs,
+        }
+    };
+    let mac_a = "52:54:00:77:00:01";
+    let mac_b = "52:54:00:77:00:02";
+    let mut lab_a = start(
+        "a",
+        &ns.a,
+        format!("tcp-listen:{ADDR_A}:{WIRE_PORT}"),
+        "fd00:7032:efa0::a",
+        ["server", GUEST_A, GUEST_B, mac_a],
+        format!(
+            "stream,id=labnet,server=on,addr.type=inet,addr.host={ADDR_A},addr.port={GUEST_NET_PORT}"
+        ),
+        mac_a,
+    );
+    // Lab A's QEMU listens for the guests' link before lab B's dials it.
+    std::thread::sleep(Duration::from_secs(20));
+    let mut lab_b = start(
+        "b",
+        &ns.b,
+        format!("tcp-connect:{ADDR_A}:{WIRE_PORT}"),
+        "fd00:7032:efa0::b",
+        ["client", GUEST_B, GUEST_A, mac_b],
+        format!(
+            "stream,id=labnet,server=off,addr.type=inet,addr.host={ADDR_A},addr.port={GUEST_NET_PORT},reconnect-ms=500"
+        ),
+        mac_b,
+    );
+    let budget = Duration::from_secs(1800);
+    let (status_b, out_b) = lab_b.wait(budget);
+    let (status_a, out_a) = lab_a.wait(budget);
+    let facts_a = common::parse_facts(&out_a);
+    let facts_b = common::parse_facts(&out_b);
+    let fact = |facts: &std::collections::BTreeMap<String, String>, out: &str, key: &str| {
+        facts
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("the guest did not report {key}:\n{out}"))
+    };
+    eprintln!("lab a:\n{out_a}\nlab b:\n{out_b}");
+    assert_eq!(status_a, 0, "lab a's guest script:\n{out_a}");
+    assert_eq!(status_b, 0, "lab b's guest script:\n{out_b}");
+
+    // 1. Ports up, two GIDs.
+    for (facts, out) in [(&facts_a, &out_a), (&facts_b, &out_b)] {
+        assert_eq!(
+            fact(facts, out, "PEER_PING"),
+            "1",
+            "no IP path between the guests"
+        );
+        assert_eq!(fact(facts, out, "PORT_STATE"), "ACTIVE");
+        assert_eq!(fact(facts, out, "DONE"), "1");
+    }
+    assert_eq!(
+        fact(&facts_a, &out_a, "GID"),
+        "fd00:7032:efa0:0000:0000:0000:0000:000a"
+    );
+    assert_eq!(
+        fact(&facts_b, &out_b, "GID"),
+        "fd00:7032:efa0:0000:0000:0000:0000:000b"
+    );
+
+    // 2. perftest, both ends.
+    for (name, size) in [("send_bw", SEND_SIZE), ("read_bw", READ_SIZE)] {
+        let key = format!("{}_EXIT", name.to_uppercase());
+        assert_eq!(fact(&facts_a, &out_a, &key), "0", "server {name}");
+        assert_eq!(fact(&facts_b, &out_b, &key), "0", "client {name}");
+        for side in ["server", "client"] {
+            let lab = if side == "server" { "a" } else { "b" };
+            let path = work.join(format!("share-{lab}/{side}/{name}.txt"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            check_perftest(&format!("{side} {name}"), &text, size);
+        }
+    }
+
+    // 3. The traffic crossed the TCP wire.
+    let (a, b) = (lab_a.efa_stats(), lab_b.efa_stats());
+    for (lab, stats) in [("a", &a), ("b", &b)] {
+        assert_eq!(
+            wire(stats, "connections"),
+            1,
+            "lab {lab} reconnected: {stats}"
+        );
+        assert_eq!(wire(stats, "protocol_errors"), 0, "lab {lab}: {stats}");
+        assert_eq!(wire(stats, "peers_refused"), 0, "lab {lab}: {stats}");
+        assert!(wire(stats, "frames_sent") > 0 && wire(stats, "frames_received") > 0);
+    }
+    // ib_read_bw: lab A served ITERS reads of READ_SIZE to lab B.
+    assert!(efa(&a, "read_resp_bytes") >= ITERS * READ_SIZE, "{a}");
+    assert!(efa(&b, "read_bytes") >= ITERS * READ_SIZE, "{b}");
+    assert!(wire(&a, "bytes_sent") >= ITERS * READ_SIZE, "{a}");
+    // ib_send_bw: lab B sent ITERS messages of SEND_SIZE to lab A.
+    assert!(efa(&a, "recv_bytes") >= ITERS * SEND_SIZE, "{a}");
+    assert!(wire(&b, "bytes_sent") >= ITERS * SEND_SIZE, "{b}");
+    // Nothing else is on this wire: what one took, the other sent (a
+    // retransmission written just before the other lab stopped may be
+    // sent and never taken).
+    assert!(wire(&a, "bytes_sent") >= wire(&b, "bytes_received"));
+    assert!(wire(&b, "bytes_sent") >= wire(&a, "bytes_received"));
+    assert!(wire(&a, "bytes_received") >= ITERS * SEND_SIZE, "{a}");
+    assert!(wire(&b, "bytes_received") >= ITERS * READ_SIZE, "{b}");
+
+    drop(ns);
+    let _ = std::fs::remove_dir_all(&work);
+}
