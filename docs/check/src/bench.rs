@@ -204,6 +204,10 @@ pub fn render(results: &Value) -> Result<String> {
     let compared = array(results, "compared")?;
     let p2p = array(results, "p2p")?;
     let rdma_rows = array(results, "rdma_rows")?;
+    let efa_rows = results
+        .get("efa_rows")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
 
     let mut out = String::new();
     let _ = write!(
@@ -243,6 +247,22 @@ pub fn render(results: &Value) -> Result<String> {
             mtus.join(" and ")
         );
     }
+    if !efa_rows.is_empty() {
+        let wrs: Vec<&str> = results
+            .pointer("/efa/read_wrs")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            " EFA: one boot of `{}`, {} per call in SRD SENDs of {}, then RDMA-read back in \
+             work requests of {}; GPU memory and guest RAM interleaved.",
+            str_at(results, &["efa", "topology"])?,
+            str_at(results, &["efa", "len"])?,
+            str_at(results, &["efa", "msg"])?,
+            wrs.join(", ")
+        );
+    }
     out.push('\n');
 
     comparison(
@@ -276,9 +296,74 @@ pub fn render(results: &Value) -> Result<String> {
         "gpu",
         "ram",
     );
+    comparison(
+        &mut out,
+        [
+            "EFA workload (same boot)",
+            "GPU memory (dma-buf)",
+            "guest RAM",
+            "ratio",
+        ],
+        efa_rows,
+        "gpu",
+        "ram",
+    );
+    render_efa_paths(&mut out, results);
     render_rss(&mut out, results);
     render_nic_paths(&mut out, results);
     Ok(out)
+}
+
+/// The counters EFA path table shows: (server, counter).
+const EFA_PATH_COUNTERS: [(&str, &str); 8] = [
+    ("efa0", "peer_bar_bytes"),
+    ("efa0", "dma_peer_read_bytes"),
+    ("efa0", "dma_mmap_read_bytes"),
+    ("efa0", "dma_message_read_bytes"),
+    ("efa1", "peer_bar_bytes"),
+    ("efa1", "dma_peer_write_bytes"),
+    ("efa1", "dma_mmap_write_bytes"),
+    ("efa1", "dma_message_write_bytes"),
+];
+
+/// The bytes each EFA server moved per DMA path, summed over the calls of
+/// each memory (the deltas the bench kept around every call).
+fn render_efa_paths(out: &mut String, results: &Value) {
+    let Some(calls) = results
+        .pointer("/efa/calls")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+    else {
+        return;
+    };
+    let header: Vec<String> = EFA_PATH_COUNTERS
+        .iter()
+        .map(|(s, c)| format!("{s} {c}"))
+        .collect();
+    let _ = writeln!(out, "\n| EFA calls | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|{}", "--:|".repeat(header.len()));
+    for memory in ["gpu", "ram"] {
+        let of: Vec<&Value> = calls
+            .iter()
+            .filter(|c| c.get("memory").and_then(Value::as_str) == Some(memory))
+            .collect();
+        let cells: Vec<String> = EFA_PATH_COUNTERS
+            .iter()
+            .map(|(server, counter)| {
+                of.iter()
+                    .filter_map(|c| c.pointer(&format!("/counter_deltas/{server}/{counter}")))
+                    .filter_map(Value::as_u64)
+                    .sum::<u64>()
+                    .to_string()
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {memory}, {} calls | {} |",
+            of.len(),
+            cells.join(" | ")
+        );
+    }
 }
 
 /// Peak RSS per process, p2plab's lab against the anchor's.
@@ -401,6 +486,34 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("P2P workload"), "empty parts have no table");
+    }
+
+    #[test]
+    fn efa_rows_and_their_paths_are_rendered() {
+        let mut r = results();
+        r["compared"] = serde_json::json!([]);
+        r["efa"] = serde_json::json!({"topology": "rdma-efa", "len": "8M", "msg": "8K",
+            "read_wrs": ["64K", "1M"], "calls": [
+                {"memory": "gpu", "counter_deltas": {"efa0": {"peer_bar_bytes": 5}, "efa1": {"peer_bar_bytes": 7}}},
+                {"memory": "gpu", "counter_deltas": {"efa0": {"peer_bar_bytes": 5}, "efa1": {"peer_bar_bytes": 7}}},
+                {"memory": "ram", "counter_deltas": {"efa0": {"dma_mmap_read_bytes": 9}}}]});
+        r["efa_rows"] = serde_json::json!([{"figure": "rdma-read 1M WRs MiB/s",
+            "gpu": {"median": 30.4, "min": 29.6, "max": 31.0},
+            "ram": {"median": 32.0, "min": 30.0, "max": 33.0},
+            "ratio": {"median": 0.951, "min": 0.9, "max": 1.0}}]);
+        let text = render(&r).unwrap();
+        assert!(text.contains("EFA: one boot of `rdma-efa`, 8M per call in SRD SENDs of 8K, then RDMA-read back in work requests of 64K, 1M"), "{text}");
+        assert!(
+            text.contains(
+                "| rdma-read 1M WRs MiB/s | 30 (30–31) | 32 (30–33) | 0.95 (0.90–1.00) |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("| gpu, 2 calls | 10 | 0 | 0 | 0 | 14 | 0 | 0 | 0 |"),
+            "{text}"
+        );
+        assert!(text.contains("| ram, 1 calls | 0 | 0 | 9 | 0 |"), "{text}");
     }
 
     #[test]

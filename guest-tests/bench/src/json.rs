@@ -63,6 +63,32 @@ fn machine() -> Value {
     })
 }
 
+/// The document of an `--efa-only` run: the layout of the others (empty
+/// NVMe, P2P and NIC sections) plus `efa`, `efa_ratio` and `efa_rows`.
+pub fn efa_results(
+    date_utc: &str,
+    accel: p2plab_lab::Accel,
+    topology: &str,
+    plan: &crate::efa::Plan,
+    measured: &crate::efa::Measured,
+    rows: &[Row],
+) -> Value {
+    json!({
+        "date_utc": date_utc,
+        "machine": machine(),
+        "rounds": plan.rounds,
+        "accel": accel.name(),
+        "compared": [],
+        "p2p": [],
+        "rdma_rows": [],
+        "efa": {"topology": topology, "len": plan.len, "msg": plan.msg,
+                "read_wrs": plan.read_wrs, "run_dirs": measured.run_dirs,
+                "calls": measured.calls},
+        "efa_ratio": "efa0 -> efa1 from gpu0's into gpu1's VRAM (dma-buf MRs) / from and into guest RAM (ordinary MRs), same boot, interleaved, per round",
+        "efa_rows": rows_json(rows, "gpu", "ram"),
+    })
+}
+
 /// What each side measured, for the report.
 pub struct Measured<'a> {
     pub ours: &'a Side,

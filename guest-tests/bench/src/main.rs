@@ -22,6 +22,7 @@
 
 mod anchor;
 mod dgx;
+mod efa;
 mod fio;
 mod guest;
 mod guest_output;
@@ -120,6 +121,29 @@ struct Cli {
     /// auto.
     #[arg(long, value_name = "auto|kvm|tcg")]
     accel: Option<AccelRequest>,
+    /// Run only the EFA workloads: one boot of `--efa-topology`, GPU
+    /// memory (dma-buf MRs) against guest RAM over efa0 → efa1, all
+    /// rounds in that boot; results-efa.json's layout.
+    #[arg(long, conflicts_with_all = ["rdma_only", "no_rdma", "only", "no_p2p", "dgx_only"])]
+    efa_only: bool,
+    /// Topology for the EFA workloads (efa0 with gpu0, efa1 with gpu1).
+    #[arg(long, default_value = "rdma-efa")]
+    efa_topology: String,
+    /// Bytes each EFA call moves: SENT, then RDMA-read back (a whole
+    /// number of MiB, 1M..1G).
+    #[arg(long, default_value = "32M", value_parser = parse_copy_len)]
+    efa_len: String,
+    /// Bytes per SRD SEND message (the port's max_msg_sz is 8928 by default).
+    #[arg(long, default_value = "8K", value_parser = parse_rdma_post)]
+    efa_msg: String,
+    /// RDMA read work-request sizes, both memories at each (repeatable).
+    #[arg(long, default_values_t = ["64K".to_owned(), "1M".to_owned(), "4M".to_owned()], value_parser = parse_efa_wr)]
+    efa_read_wr: Vec<String>,
+    /// With --efa-only: boot nothing, re-read the finished EFA boot of this
+    /// run folder (its guest/output.txt) with this bench's checks, e.g.
+    /// after a host-side check changed; the date is the folder's.
+    #[arg(long, requires = "efa_only", value_name = "RUN_DIR")]
+    efa_reread: Option<PathBuf>,
     /// Run only these compared jobs (repeatable, e.g. `--only
     /// 4k-randread-qd32 --no-p2p` while profiling); default: all.
     #[arg(long, value_parser = parse_job_name)]
@@ -148,6 +172,13 @@ fn parse_rdma_post(text: &str) -> Result<String, String> {
     match parse_size(text) {
         Some(n) if (4096..=1 << 20).contains(&n) && n.is_multiple_of(4096) => Ok(text.to_owned()),
         _ => Err(format!("{text:?}: a multiple of 4K, 4K..1M")),
+    }
+}
+
+fn parse_efa_wr(text: &str) -> Result<String, String> {
+    match parse_size(text) {
+        Some(n) if (4096..=1 << 30).contains(&n) && n.is_multiple_of(4096) => Ok(text.to_owned()),
+        _ => Err(format!("{text:?}: a multiple of 4K, 4K..1G")),
     }
 }
 
@@ -195,6 +226,9 @@ fn run(cli: &Cli) -> Result<()> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let folder = bench_folder(&paths, started)?;
+    if cli.efa_only {
+        return run_efa(cli, &folder, started);
+    }
     if cli.dgx_only {
         return run_dgx(cli, &paths, &folder, started);
     }
@@ -470,6 +504,73 @@ fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Resul
         &sides.rdma.nic_paths,
         &rows::peak_rss(&sides.ours, &sides.anchor),
     );
+    println!(
+        "results: {} and {}",
+        json_path.display(),
+        svg_path.display()
+    );
+    Ok(())
+}
+
+/// `--efa-only`: one boot, every round in it; results.json (the layout
+/// of guest-tests/bench/results-efa.json), results.svg and the table.
+fn run_efa(cli: &Cli, folder: &Path, started: u64) -> Result<()> {
+    let len_bytes = parse_size(&cli.efa_len).context("--efa-len")?;
+    let msg = parse_size(&cli.efa_msg).context("--efa-msg")?;
+    for wr in &cli.efa_read_wr {
+        let n = parse_size(wr).context("--efa-read-wr")?;
+        if !len_bytes.is_multiple_of(n) {
+            bail!(
+                "--efa-len {} is not a multiple of --efa-read-wr {wr}",
+                cli.efa_len
+            );
+        }
+    }
+    if !len_bytes.is_multiple_of(msg) {
+        bail!(
+            "--efa-len {} is not a multiple of --efa-msg {}",
+            cli.efa_len,
+            cli.efa_msg
+        );
+    }
+    let plan = efa::Plan {
+        rounds: cli.rounds,
+        len: cli.efa_len.clone(),
+        len_bytes,
+        msg: cli.efa_msg.clone(),
+        read_wrs: cli.efa_read_wr.clone(),
+    };
+    let mut options = boot_options(cli, &cli.efa_topology, &efa::script(&plan))?;
+    options.guest_control =
+        GuestControl::Devices(efa::SERVERS.iter().map(|s| (*s).to_owned()).collect());
+    let accel = match run_accel(cli)? {
+        AccelRequest::Kvm => Accel::Kvm,
+        _ => Accel::Tcg,
+    };
+    eprintln!(
+        "p2plab-bench: {} rounds in one boot of {}",
+        cli.rounds, cli.efa_topology
+    );
+    let (measured, date_utc) = match &cli.efa_reread {
+        Some(run_dir) => (efa::reread(run_dir, &plan)?, efa::run_date(run_dir)?),
+        None => (efa::run(&options, &plan)?, format_utc(started)),
+    };
+    let rows = efa::rows(&measured, &plan);
+
+    let document = json::efa_results(&date_utc, accel, &cli.efa_topology, &plan, &measured, &rows);
+    let json_path = folder.join("results.json");
+    let text = serde_json::to_string_pretty(&document).context("encoding results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let title = format!(
+        "p2plab bench {} UTC, {accel}, EFA, {} rounds (bars: median ratio, whiskers: min–max)",
+        date_utc, cli.rounds
+    );
+    let svg_path = folder.join("results.svg");
+    let plotted: [(&str, &[Row]); 1] = [("EFA GPU vs RAM", &rows)];
+    std::fs::write(&svg_path, svg::render(&title, &plotted))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    table::print_efa(&rows);
     println!(
         "results: {} and {}",
         json_path.display(),

@@ -78,3 +78,11 @@ pub fn print(
         print_row(row);
     }
 }
+
+/// The table of an `--efa-only` run.
+pub fn print_efa(rows: &[Row]) {
+    print_section(
+        ["EFA workload (same boot)", "GPU memory", "guest RAM"],
+        rows,
+    );
+}

@@ -58,6 +58,18 @@
  *       after_free_crc_ok, b_intact (B still holds what its owner wrote),
  *       after_reset_recv_ok, after_reset_crc_ok.
  *       Exit 0 if every step ran (the host judges the facts), 2 otherwise.
+ *   p2plab-efa-check bench --mem gpu|ram [--src efa_0] [--dst efa_1]
+ *                   [--src-gpu ..] [--dst-gpu ..] [--size BYTES] [--msg BYTES]
+ *                   [--read-wr BYTES] [--window N] [--read-window N] [--seed N]
+ *       Throughput of one memory kind, for scripts/bench --efa-only: the
+ *       same three buffers as gpu-xfer, in GPU memory (dma-buf MRs) or in
+ *       guest RAM (ordinary MRs). --size bytes go as --msg byte SRD SENDs
+ *       (timed: send_us), then are RDMA-read back in --read-wr byte work
+ *       requests, --read-window outstanding (timed: read_us). Untimed
+ *       afterwards, every byte is checked by CRC32C (the GPU engine's for
+ *       VRAM, the CPU's for RAM): the destination against the messages in
+ *       the slots they landed in (sent_crc), the read-back against the
+ *       pattern (expected_crc). Exit 0 only if all completed and matched.
  */
 #include <endian.h>
 #include <errno.h>
@@ -941,6 +953,242 @@ static int cmd_gpu_pinned(int argc, char **argv)
 	return 0;
 }
 
+/* ---- throughput: GPU memory against RAM at equal sizes --------------- */
+
+/* CRC32C by table: the bench checks every byte it moved in guest RAM. */
+static uint32_t crc32c_update(uint32_t crc, const uint8_t *p, size_t len)
+{
+	static uint32_t table[256];
+	static int ready;
+	size_t i;
+
+	if (!ready) {
+		for (i = 0; i < 256; i++) {
+			uint32_t c = (uint32_t)i;
+			int k;
+
+			for (k = 0; k < 8; k++)
+				c = (c >> 1) ^ (0x82f63b78u & -(c & 1));
+			table[i] = c;
+		}
+		ready = 1;
+	}
+	crc = ~crc;
+	for (i = 0; i < len; i++)
+		crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+	return ~crc;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/*
+ * RDMA reads of [raddr, rkey) into [laddr, lkey), @wr bytes per work
+ * request, up to @window outstanding. Returns the bytes read OK.
+ */
+static uint64_t read_windowed(struct side *dst, struct side *src, uint32_t rkey, uint64_t raddr,
+			      uint32_t lkey, uint64_t laddr, uint64_t size, uint64_t wr,
+			      uint32_t window)
+{
+	uint64_t posted = 0, done = 0, outstanding = 0, deadline = now_ms() + TIMEOUT_MS;
+
+	while (done < size) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		while (posted < size && outstanding < window) {
+			uint64_t len = size - posted < wr ? size - posted : wr;
+			int err;
+
+			ibv_wr_start(dst->qpx);
+			dst->qpx->wr_id = len;
+			dst->qpx->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_read(dst->qpx, rkey, raddr + posted);
+			ibv_wr_set_sge(dst->qpx, lkey, laddr + posted, (uint32_t)len);
+			ibv_wr_set_ud_addr(dst->qpx, dst->ah, src->qp->qp_num, QKEY);
+			err = ibv_wr_complete(dst->qpx);
+			if (err)
+				die("ibv_wr_complete (read)", err);
+			posted += len;
+			outstanding++;
+		}
+		n = ibv_poll_cq(dst->cq, 16, wc);
+		if (n < 0)
+			return done;
+		for (k = 0; k < n; k++) {
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				return done;
+			}
+			done += wc[k].wr_id;
+			outstanding--;
+		}
+		if (n == 0 && now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: RDMA read timed out\n");
+			return done;
+		}
+	}
+	return done;
+}
+
+/* One bench buffer: a GPU dma-buf MR or a guest RAM MR, and its address. */
+struct bench_buf {
+	struct gpu_buf gpu;
+	uint8_t *ram;
+	uint64_t addr;
+	struct ibv_mr *mr;
+};
+
+static void bench_buf_make(struct bench_buf *b, int gpu, struct side *s, uint64_t size,
+			   int access)
+{
+	if (gpu >= 0) {
+		gpu_alloc(&b->gpu, gpu, size);
+		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, b->gpu.vram_offset, size, 0);
+		b->mr = reg_gpu(s, &b->gpu, access);
+		b->addr = GPU_IOVA;
+		b->ram = NULL;
+	} else {
+		b->ram = alloc_buf(size);
+		b->mr = reg(s, b->ram, size, access);
+		b->addr = (uintptr_t)b->ram;
+	}
+}
+
+/* CRC32C of a bench buffer: the GPU's engine for VRAM, the CPU for RAM. */
+static uint32_t bench_buf_crc(const struct bench_buf *b, int gpu, uint64_t size)
+{
+	if (gpu >= 0)
+		return gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, b->gpu.vram_offset, 0, size, 0);
+	return crc32c_update(0, b->ram, size);
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1", *mem = NULL;
+	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
+	uint64_t size = 8 << 20, msg = 8192, wr = 1 << 20, count, k, read_bytes, t0;
+	uint64_t send_us, read_us, *slot_msg;
+	uint32_t seed = 1, window = 64, read_window = 4, expected, sent_crc, dst_crc, read_crc;
+	char src_pci[32], dst_pci[32];
+	struct side src = { 0 }, dst = { 0 };
+	struct bench_buf sb, db, rb;
+	struct send_result r;
+	uint8_t *pattern;
+	int sgpu = -1, dgpu = -1, failed, a;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--mem") && a + 1 < argc)
+			mem = argv[++a];
+		else if (!strcmp(argv[a], "--src") && a + 1 < argc)
+			src_name = argv[++a];
+		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
+			dst_name = argv[++a];
+		else if (!strcmp(argv[a], "--src-gpu") && a + 1 < argc)
+			src_gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
+			dst_gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
+			size = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
+			msg = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--read-wr") && a + 1 < argc)
+			wr = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
+			seed = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
+			window = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--read-window") && a + 1 < argc)
+			read_window = strtoul(argv[++a], NULL, 0);
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	if (!mem || (strcmp(mem, "gpu") && strcmp(mem, "ram"))) {
+		fprintf(stderr, "p2plab-efa-check: bench needs --mem gpu|ram\n");
+		return 2;
+	}
+	if (size % msg || size % 65536 || size % wr || window == 0 || window > 512 ||
+	    read_window == 0 || read_window > 512 || wr > (1u << 30)) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --read-wr and 64K; --window and --read-window 1..512\n");
+		return 2;
+	}
+	count = size / msg;
+	if (!strcmp(mem, "gpu")) {
+		sgpu = gpu_open(src_gpu_path, src_pci, sizeof(src_pci));
+		dgpu = gpu_open(dst_gpu_path, dst_pci, sizeof(dst_pci));
+		printf("src_gpu_pci=%s\ndst_gpu_pci=%s\n", src_pci, dst_pci);
+	}
+	side_open(&src, src_name, window > read_window ? window : read_window);
+	side_open(&dst, dst_name, window > read_window ? window : read_window);
+	if (msg > src.max_msg || wr > dst.max_rdma) {
+		fprintf(stderr, "p2plab-efa-check: --msg over max_msg_sz %u or --read-wr over max_rdma_size %u\n",
+			src.max_msg, dst.max_rdma);
+		return 2;
+	}
+	side_connect(&src, &dst);
+	side_connect(&dst, &src);
+
+	pattern = alloc_buf(size);
+	fill(pattern, size, seed);
+	expected = crc32c_update(0, pattern, size);
+	bench_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	bench_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE);
+	bench_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE);
+	if (sgpu >= 0)
+		gpu_job(sgpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.gpu.vram_offset,
+			size, 0);
+	else
+		memcpy(sb.ram, pattern, size);
+	slot_msg = calloc(count, sizeof(*slot_msg));
+	if (!slot_msg)
+		die("calloc", ENOMEM);
+
+	t0 = now_us();
+	failed = send_all(&src, &dst, sb.mr->lkey, sb.addr, db.mr->lkey, db.addr, count, msg,
+			  window, slot_msg, &r);
+	send_us = now_us() - t0;
+	read_us = 0;
+	read_bytes = 0;
+	if (!failed) {
+		t0 = now_us();
+		read_bytes = read_windowed(&dst, &src, sb.mr->rkey, sb.addr, rb.mr->lkey, rb.addr,
+					   size, wr, read_window);
+		read_us = now_us() - t0;
+	}
+	failed |= read_bytes != size;
+
+	/* What the destination must hold: message slot_msg[k] in slot k. */
+	sent_crc = 0;
+	for (k = 0; k < count; k++)
+		sent_crc = crc32c_update(sent_crc, pattern + slot_msg[k] * msg, msg);
+	dst_crc = bench_buf_crc(&db, dgpu, size);
+	read_crc = bench_buf_crc(&rb, dgpu, size);
+	failed |= dst_crc != sent_crc || read_crc != expected;
+
+	printf("mem=%s\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\nread_wr=%" PRIu64 "\n", mem, size, msg,
+	       wr);
+	printf("messages=%" PRIu64 "\nsend_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", count,
+	       r.send_ok, r.recv_ok);
+	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\nmissing=%" PRIu64 "\n",
+	       r.out_of_order, r.duplicates, r.missing);
+	printf("read_bytes=%" PRIu64 "\n", read_bytes);
+	printf("send_us=%" PRIu64 "\nread_us=%" PRIu64 "\n", send_us, read_us);
+	printf("expected_crc=0x%08x\nsent_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
+	       expected, sent_crc, dst_crc, read_crc);
+	printf("verify=%s\n", failed ? "bad" : "ok");
+	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+	if (ibv_dereg_mr(sb.mr) || ibv_dereg_mr(db.mr) || ibv_dereg_mr(rb.mr))
+		die("ibv_dereg_mr", errno);
+	return failed ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -952,6 +1200,8 @@ int main(int argc, char **argv)
 		return cmd_gpu_xfer(argc, argv);
 	if (argc >= 2 && !strcmp(argv[1], "gpu-pinned"))
 		return cmd_gpu_pinned(argc, argv);
-	fprintf(stderr, "usage: p2plab-efa-check xfer|send-one|gpu-xfer|gpu-pinned [options] (see the source's header)\n");
+	if (argc >= 2 && !strcmp(argv[1], "bench"))
+		return cmd_bench(argc, argv);
+	fprintf(stderr, "usage: p2plab-efa-check xfer|send-one|gpu-xfer|gpu-pinned|bench [options] (see the source's header)\n");
 	return 2;
 }
