@@ -31,7 +31,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{counter, run_guest_with, stats, Boot, GuestRun};
+use common::{counter, run_guest_with, stats, Boot, GuestRun, Phase};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
 use p2plab_lab::{GuestScript, Lab};
 use p2plab_server::provenance::Mark;
@@ -88,58 +88,30 @@ fn host_side(lab: &mut Lab, started: Instant) -> Duration {
     boot
 }
 
-/// Every server's status before and after one phase.
-struct Phase {
-    start: Mark,
-    end: Mark,
-}
-
-impl Phase {
-    fn of(run: &GuestRun, name: &str) -> Phase {
-        let dir = run.run_dir().join("marks");
-        let load = |which: &str| {
-            Mark::load(&dir, &format!("{name}-{which}")).unwrap_or_else(|e| panic!("{e:#}"))
-        };
-        Phase {
-            start: load("start"),
-            end: load("end"),
-        }
-    }
-
-    /// How much counter `key` of server `id` grew during the phase.
-    fn delta(&self, id: &str, key: &str) -> u64 {
-        let (Some(a), Some(b)) = (self.start.counter(id, key), self.end.counter(id, key)) else {
-            panic!("no counter {key} of {id} in the marks {}", self.start.name);
-        };
-        b.checked_sub(a)
-            .unwrap_or_else(|| panic!("{id} {key} went back: {a} -> {b}"))
-    }
-
-    /// Entries each I/O queue (sqid >= 1) of NVMe server `id` fetched
-    /// during the phase, by sqid; every queue live at the end is listed.
-    fn queue_fetches(&self, id: &str) -> BTreeMap<u64, u64> {
-        let fetched = |mark: &Mark| -> BTreeMap<u64, u64> {
-            let queues = mark.servers[id]["queues"]
-                .as_array()
-                .unwrap_or_else(|| panic!("{id}: no queues in mark {}", mark.name));
-            queues
-                .iter()
-                .map(|q| {
-                    let field = |k: &str| {
-                        q[k].as_u64()
-                            .unwrap_or_else(|| panic!("{id}: queue without {k}: {q}"))
-                    };
-                    (field("sqid"), field("fetched"))
-                })
-                .filter(|&(sqid, _)| sqid >= 1)
-                .collect()
-        };
-        let before = fetched(&self.start);
-        fetched(&self.end)
-            .into_iter()
-            .map(|(sqid, n)| (sqid, n - before.get(&sqid).copied().unwrap_or(0)))
+/// Entries each I/O queue (sqid >= 1) of NVMe server `id` fetched
+/// during the phase, by sqid; every queue live at the end is listed.
+fn queue_fetches(phase: &Phase, id: &str) -> BTreeMap<u64, u64> {
+    let fetched = |mark: &Mark| -> BTreeMap<u64, u64> {
+        let queues = mark.servers[id]["queues"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{id}: no queues in mark {}", mark.name));
+        queues
+            .iter()
+            .map(|q| {
+                let field = |k: &str| {
+                    q[k].as_u64()
+                        .unwrap_or_else(|| panic!("{id}: queue without {k}: {q}"))
+                };
+                (field("sqid"), field("fetched"))
+            })
+            .filter(|&(sqid, _)| sqid >= 1)
             .collect()
-    }
+    };
+    let before = fetched(&phase.start);
+    fetched(&phase.end)
+        .into_iter()
+        .map(|(sqid, n)| (sqid, n - before.get(&sqid).copied().unwrap_or(0)))
+        .collect()
 }
 
 /// A PCI device as the guest reported it: its address and its sysfs path
@@ -481,7 +453,7 @@ fn check_one_boot(run: &GuestRun) -> String {
         let p = Phase::of(run, name);
         for i in 0..DEVICES {
             let id = format!("nvme{i}");
-            let fetches = p.queue_fetches(&id);
+            let fetches = queue_fetches(&p, &id);
             assert_eq!(
                 fetches.len() as u64,
                 vcpus,

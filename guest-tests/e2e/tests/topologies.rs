@@ -32,10 +32,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{counter, run_guest, run_guest_with, stats, Boot, GuestRun};
+use common::{counter, run_guest, run_guest_with, stats, Boot, GuestRun, Phase};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
 use p2plab_lab::{GuestScript, Lab};
-use p2plab_server::provenance::Mark;
 use serde_json::Value;
 
 /// A topologies guest script with the prelude and phases it sources
@@ -313,34 +312,6 @@ fn mark_phases(lab: &mut Lab) {
             lab.write_guest_file(&format!("{reply}-{name}"), "")
                 .expect("signalling the guest");
         }
-    }
-}
-
-/// The two marks around one phase.
-struct Phase {
-    start: Mark,
-    end: Mark,
-}
-
-impl Phase {
-    fn of(run: &GuestRun, name: &str) -> Phase {
-        let dir = run.run_dir().join("marks");
-        let load = |which: &str| {
-            Mark::load(&dir, &format!("{name}-{which}")).unwrap_or_else(|e| panic!("{e:#}"))
-        };
-        Phase {
-            start: load("start"),
-            end: load("end"),
-        }
-    }
-
-    /// How much counter `key` of server `id` grew during the phase.
-    fn delta(&self, id: &str, key: &str) -> u64 {
-        let (Some(a), Some(b)) = (self.start.counter(id, key), self.end.counter(id, key)) else {
-            panic!("no counter {key} of {id} in the marks {}", self.start.name);
-        };
-        b.checked_sub(a)
-            .unwrap_or_else(|| panic!("{id} {key} went back: {a} -> {b}"))
     }
 }
 

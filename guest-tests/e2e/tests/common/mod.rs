@@ -258,3 +258,34 @@ pub fn counter(v: &Value, key: &str) -> u64 {
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("no counter {key} in {v}"))
 }
+
+/// The two marks (`p2plab_server::provenance::Mark`, every server's status)
+/// a guest script takes around one phase, in the run folder's `marks/`
+/// as `<phase>-start` and `<phase>-end`.
+pub struct Phase {
+    pub start: p2plab_server::provenance::Mark,
+    pub end: p2plab_server::provenance::Mark,
+}
+
+impl Phase {
+    pub fn of(run: &GuestRun, name: &str) -> Phase {
+        let dir = run.run_dir().join("marks");
+        let load = |which: &str| {
+            p2plab_server::provenance::Mark::load(&dir, &format!("{name}-{which}"))
+                .unwrap_or_else(|e| panic!("{e:#}"))
+        };
+        Phase {
+            start: load("start"),
+            end: load("end"),
+        }
+    }
+
+    /// How much counter `key` of server `id` grew during the phase.
+    pub fn delta(&self, id: &str, key: &str) -> u64 {
+        let (Some(a), Some(b)) = (self.start.counter(id, key), self.end.counter(id, key)) else {
+            panic!("no counter {key} of {id} in the marks {}", self.start.name);
+        };
+        b.checked_sub(a)
+            .unwrap_or_else(|| panic!("{id} {key} went back: {a} -> {b}"))
+    }
+}
