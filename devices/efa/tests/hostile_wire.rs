@@ -160,16 +160,9 @@ fn a_hostile_fabric_peer_is_cut_off_refused_and_its_packets_dropped() {
     // A well-formed SEND for a QP that does not exist is answered with an
     // ACK that carries an error status, back to the sender's QP.
     peer.write_all(&Frame::new(good).encode()).unwrap();
-    let mut decoder = Decoder::new(DEFAULT_MAX_PAYLOAD);
-    let frame = loop {
-        if let Some(frame) = decoder.next_frame().unwrap() {
-            break frame;
-        }
-        let mut buf = [0u8; 4096];
-        let n = peer.read(&mut buf).expect("the EFA answers");
-        assert_ne!(n, 0, "the EFA closed the wire");
-        decoder.push(&buf[..n]);
-    };
+    let frame = Decoder::new(DEFAULT_MAX_PAYLOAD)
+        .read_frame(&mut peer)
+        .expect("the EFA answers with a frame");
     assert!(frame.fcs_ok());
     let answer = Packet::decode(&frame.payload).expect("the answer is a packet");
     assert_eq!(answer.header.dst_qp, 1, "{answer:?}");
@@ -349,16 +342,9 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     peer.write_all(&Frame::new(send_to(9).encode()).encode())
         .unwrap();
     peer.set_read_timeout(Some(PATIENCE)).unwrap();
-    let mut decoder = Decoder::new(DEFAULT_MAX_PAYLOAD);
-    let frame = loop {
-        if let Some(frame) = decoder.next_frame().unwrap() {
-            break frame;
-        }
-        let mut buf = [0u8; 4096];
-        let n = peer.read(&mut buf).expect("the EFA answers");
-        assert_ne!(n, 0, "the EFA closed the wire");
-        decoder.push(&buf[..n]);
-    };
+    let frame = Decoder::new(DEFAULT_MAX_PAYLOAD)
+        .read_frame(&mut peer)
+        .expect("the EFA answers with a frame");
     let answer = Packet::decode(&frame.payload).expect("the answer is a packet");
     assert!(
         matches!(answer.body, Body::Ack { status, .. } if status != 0),

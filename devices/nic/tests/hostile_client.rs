@@ -561,16 +561,9 @@ fn a_hostile_wire_peer_is_cut_off_refused_and_timed_out() {
     g.mem_write(TX_BUF, &[0x44; 1500]);
     let tx = g.post(true, TX_BUF, 1500, 0);
     assert_eq!(g.wait(tx), Status::Ok.code());
-    let mut decoder = Decoder::new(DEFAULT_MAX_PAYLOAD);
-    let frame = loop {
-        if let Some(frame) = decoder.next_frame().unwrap() {
-            break frame;
-        }
-        let mut buf = [0u8; 4096];
-        let n = peer.read(&mut buf).unwrap();
-        assert_ne!(n, 0, "the NIC closed the wire");
-        decoder.push(&buf[..n]);
-    };
+    let frame = Decoder::new(DEFAULT_MAX_PAYLOAD)
+        .read_frame(&mut peer)
+        .expect("the NIC answers with a frame");
     assert_eq!(frame.payload, vec![0x44; 1500]);
     assert!(frame.fcs_ok());
 

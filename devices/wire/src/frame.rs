@@ -289,6 +289,27 @@ impl Decoder {
             }
         }
     }
+
+    /// Reads `reader` (blocking, with whatever timeout it has) until a
+    /// whole frame is decoded: what a peer at the other end of a wire does
+    /// (tools, hostile-peer tests). The end of the stream is
+    /// `UnexpectedEof`, a decode error `InvalidData`.
+    pub fn read_frame(&mut self, reader: &mut impl std::io::Read) -> std::io::Result<Frame> {
+        use std::io::{Error, ErrorKind};
+        loop {
+            if let Some(frame) = self
+                .next_frame()
+                .map_err(|e| Error::new(ErrorKind::InvalidData, e))?
+            {
+                return Ok(frame);
+            }
+            let mut buf = [0u8; 4096];
+            match reader.read(&mut buf)? {
+                0 => return Err(ErrorKind::UnexpectedEof.into()),
+                n => self.push(&buf[..n]),
+            }
+        }
+    }
 }
 
 /// One frame from the front of `bytes` and how many bytes it took, or
@@ -512,5 +533,38 @@ mod tests {
         assert!(frame.fcs_ok());
         frame.payload[50] ^= 1;
         assert!(!frame.fcs_ok());
+    }
+
+    /// A reader that hands out its bytes a few at a time.
+    struct Trickle(Vec<u8>, usize);
+
+    impl std::io::Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.1).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0.drain(..n);
+            Ok(n)
+        }
+    }
+
+    /// Catches: a peer-side read that returns before a whole frame, loses
+    /// the bytes after it, spins on the end of the stream, or passes a
+    /// garbage stream off as a timeout.
+    #[test]
+    fn read_frame_takes_whole_frames_and_names_the_end() {
+        let (a, b) = (sample(1, 300), sample(2, 5));
+        let mut bytes = a.encode();
+        bytes.extend(b.encode());
+        let mut reader = Trickle(bytes, 7);
+        let mut decoder = Decoder::new(DEFAULT_MAX_PAYLOAD);
+        assert_eq!(decoder.read_frame(&mut reader).unwrap(), a);
+        assert_eq!(decoder.read_frame(&mut reader).unwrap(), b);
+        let end = decoder.read_frame(&mut reader).unwrap_err();
+        assert_eq!(end.kind(), std::io::ErrorKind::UnexpectedEof);
+        let mut garbage = Trickle(b"GET / HTTP/1.1".to_vec(), 64);
+        let bad = Decoder::new(DEFAULT_MAX_PAYLOAD)
+            .read_frame(&mut garbage)
+            .unwrap_err();
+        assert_eq!(bad.kind(), std::io::ErrorKind::InvalidData);
     }
 }
