@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use p2plab_efa::frame::{Body, Header, Packet};
 use p2plab_server::testing::SpawnedServer;
+use p2plab_wire::testing::closed_by_other_end as tcp_closed_by_other_end;
 use p2plab_wire::{Decoder, Frame, DEFAULT_MAX_PAYLOAD};
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -209,20 +210,6 @@ fn free_port() -> u16 {
         .unwrap()
 }
 
-fn tcp_closed_by_other_end(stream: &mut std::net::TcpStream, secs: u64) -> bool {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(secs)))
-        .unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue, // its HELLO
-            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
-        }
-    }
-}
-
 const TCP_KEY: &str = "6b1f0e3d2c5a4978b6e1d0c3f2a59487b6e1d0c3f2a59487b6e1d0c3f2a59487";
 
 /// Catches: an EFA whose TCP wire gives the link to a peer without the
@@ -294,7 +281,10 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     let mut garbage = TcpStream::connect(&addr).unwrap();
     garbage.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").unwrap();
     garbage.write_all(&[0u8; 64]).unwrap();
-    assert!(tcp_closed_by_other_end(&mut garbage, 3));
+    assert!(tcp_closed_by_other_end(
+        &mut garbage,
+        Duration::from_secs(3)
+    ));
     wait_until("the garbage is counted", || refused(&server) == 2);
 
     // A slowloris: a few bytes, then silence; cut off at the handshake
@@ -303,7 +293,7 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     slow.write_all(b"P2WH").unwrap();
     let start = Instant::now();
     assert!(
-        tcp_closed_by_other_end(&mut slow, 10),
+        tcp_closed_by_other_end(&mut slow, Duration::from_secs(10)),
         "the slowloris kept its connection"
     );
     assert!(
@@ -325,7 +315,10 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     let mut too_long = Frame::new(vec![]).header().to_vec();
     too_long[8..12].copy_from_slice(&(DEFAULT_MAX_PAYLOAD + 1).to_le_bytes());
     peer.write_all(&too_long).unwrap();
-    assert!(tcp_closed_by_other_end(&mut peer, 5), "not cut off");
+    assert!(
+        tcp_closed_by_other_end(&mut peer, Duration::from_secs(5)),
+        "not cut off"
+    );
     wait_until("the protocol error is counted", || {
         wire_counter(&server.status(), "protocol_errors") == 1
     });

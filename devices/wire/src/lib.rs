@@ -48,6 +48,7 @@ mod link;
 pub mod order;
 pub mod stats;
 pub mod tcp;
+pub mod testing;
 pub mod transport;
 pub mod unix;
 mod wire;

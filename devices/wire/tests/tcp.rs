@@ -4,7 +4,7 @@
 //! peer, and hostile listeners for the dialing side. Nothing here needs a
 //! device.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use p2plab_wire::handshake::HELLO_LEN;
 use p2plab_wire::tcp::{authenticate, MAX_HANDSHAKES};
+use p2plab_wire::testing::closed_by_other_end;
 use p2plab_wire::{
     Frame, Role, Sent, TcpOptions, TcpTransport, Wire, WireConfig, WireKey, WireOptions,
 };
@@ -64,22 +65,6 @@ fn listen(key: &Path, wire_options: WireOptions) -> (Wire, SocketAddr) {
 
 fn connect(addr: SocketAddr, key: &Path) -> Wire {
     Wire::open(&WireConfig::TcpConnect(addr.to_string()), options(key)).unwrap()
-}
-
-/// Whether the other end closed `stream` within `secs` (a read sees the
-/// end or a reset), as opposed to a read that merely timed out.
-fn closed_within(stream: &mut TcpStream, secs: u64) -> bool {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(secs)))
-        .unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue, // its HELLO
-            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
-        }
-    }
 }
 
 /// Sends one frame from `from` and checks `to` gets it whole.
@@ -163,7 +148,10 @@ fn garbage_is_cut_off_at_its_first_bytes() {
     raw.write_all(b"GET / HTTP/1.1\r\nHost: lab\r\n\r\n0123456789abc")
         .unwrap();
     let start = Instant::now();
-    assert!(closed_within(&mut raw, 5), "garbage kept open");
+    assert!(
+        closed_by_other_end(&mut raw, Duration::from_secs(5)),
+        "garbage kept open"
+    );
     assert!(
         start.elapsed() < Duration::from_millis(900),
         "not cut at once"
@@ -176,7 +164,10 @@ fn garbage_is_cut_off_at_its_first_bytes() {
     let mut short = TcpStream::connect(addr).unwrap();
     short.write_all(b"SSH-").unwrap();
     let start = Instant::now();
-    assert!(closed_within(&mut short, 5), "short garbage kept open");
+    assert!(
+        closed_by_other_end(&mut short, Duration::from_secs(5)),
+        "short garbage kept open"
+    );
     assert!(
         start.elapsed() < Duration::from_millis(900),
         "not cut at once"
@@ -209,7 +200,10 @@ fn slowloris_and_silent_crowds_are_bounded() {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            (closed_within(&mut stream, 5), start.elapsed())
+            (
+                closed_by_other_end(&mut stream, Duration::from_secs(5)),
+                start.elapsed(),
+            )
         })
     };
     // Meanwhile the connected peer's frames flow.
@@ -237,10 +231,13 @@ fn slowloris_and_silent_crowds_are_bounded() {
     std::thread::sleep(Duration::from_millis(200));
     let mut extra = TcpStream::connect(addr).unwrap();
     let start = Instant::now();
-    assert!(closed_within(&mut extra, 5));
+    assert!(closed_by_other_end(&mut extra, Duration::from_secs(5)));
     assert!(start.elapsed() < Duration::from_millis(900));
     for silent in &mut crowd {
-        assert!(closed_within(silent, 5), "a silent connection kept open");
+        assert!(
+            closed_by_other_end(silent, Duration::from_secs(5)),
+            "a silent connection kept open"
+        );
     }
     wait_until("all counted", 5, || {
         a.stats().peers_refused == before + MAX_HANDSHAKES as u64 + 1
@@ -260,7 +257,7 @@ fn an_oversized_frame_after_the_handshake_cuts_the_peer_off() {
     wait_until("the raw peer gets the link", 5, || a.link_up());
     let header = Frame::new(vec![0; 2 << 20]).encode();
     raw.write_all(&header[..64]).unwrap();
-    assert!(closed_within(&mut raw, 5));
+    assert!(closed_by_other_end(&mut raw, Duration::from_secs(5)));
     wait_until("counted", 5, || a.stats().protocol_errors == 1);
     assert!(!a.link_up());
     let b = connect(addr, &key);
@@ -279,7 +276,10 @@ fn one_peer_at_a_time() {
     let b = connect(addr, &key);
     wait_until("link up", 10, || a.link_up() && b.link_up());
     let mut second = authenticated_raw(addr, KEY);
-    assert!(closed_within(&mut second, 5), "a second peer kept open");
+    assert!(
+        closed_by_other_end(&mut second, Duration::from_secs(5)),
+        "a second peer kept open"
+    );
     wait_until("counted", 5, || a.stats().peers_refused == 1);
     exchange(&b, &a, b"first peer".to_vec());
     assert_eq!(a.stats().connections, 1);

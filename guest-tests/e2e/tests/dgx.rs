@@ -28,10 +28,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{counter, run_guest_with, stats, Boot, GuestRun, Phase};
+use common::{counter, mark_phases, run_guest_with, stats, Boot, GuestRun, Phase};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
 use p2plab_lab::{GuestScript, Lab};
 use p2plab_server::provenance::Mark;
@@ -62,29 +61,7 @@ fn host_side(lab: &mut Lab, started: Instant) -> Duration {
     lab.wait_guest_file("booted", timeout)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let boot = started.elapsed();
-    let ctl = lab
-        .paths
-        .server_binary("p2plab-ctl")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    for name in PHASES {
-        for (guest, mark, reply) in [("ready", "start", "marked"), ("done", "end", "measured")] {
-            lab.wait_guest_file(&format!("{guest}-{name}"), timeout)
-                .unwrap_or_else(|e| panic!("{e:#}"));
-            let out = Command::new(&ctl)
-                .arg(&lab.run_dir)
-                .arg("mark")
-                .arg(format!("{name}-{mark}"))
-                .output()
-                .expect("running p2plab-ctl");
-            assert!(
-                out.status.success(),
-                "p2plab-ctl mark {name}-{mark}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            lab.write_guest_file(&format!("{reply}-{name}"), "")
-                .expect("signalling the guest");
-        }
-    }
+    mark_phases(lab, &PHASES, timeout);
     boot
 }
 

@@ -32,9 +32,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{counter, run_guest, run_guest_with, stats, Boot, GuestRun, Phase};
+use common::{counter, mark_phases, run_guest, run_guest_with, stats, Boot, GuestRun, Phase};
 use p2plab_lab::kernel_log::{glob_match, parse_kmsg, KernelLine, KMSG_FILE};
-use p2plab_lab::{GuestScript, Lab};
+use p2plab_lab::GuestScript;
 use serde_json::Value;
 
 /// A topologies guest script with the prelude and phases it sources
@@ -286,35 +286,6 @@ const PHASES: [&str; 5] = ["n2g_fio", "cmb_fio", "cmb_copy", "bounce", "bus_rout
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
 const MIB16: u64 = 16 << 20;
 
-/// The host side of the guest's `phase`: `p2plab-ctl RUN mark` before
-/// (NAME-start) and after (NAME-end) each phase, kept in the run folder's
-/// `marks/`.
-fn mark_phases(lab: &mut Lab) {
-    let ctl = lab
-        .paths
-        .server_binary("p2plab-ctl")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    for name in PHASES {
-        for (guest, mark, reply) in [("ready", "start", "marked"), ("done", "end", "measured")] {
-            lab.wait_guest_file(&format!("{guest}-{name}"), PHASE_TIMEOUT)
-                .unwrap_or_else(|e| panic!("{e:#}"));
-            let out = Command::new(&ctl)
-                .arg(&lab.run_dir)
-                .arg("mark")
-                .arg(format!("{name}-{mark}"))
-                .output()
-                .expect("running p2plab-ctl");
-            assert!(
-                out.status.success(),
-                "p2plab-ctl mark {name}-{mark}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            lab.write_guest_file(&format!("{reply}-{name}"), "")
-                .expect("signalling the guest");
-        }
-    }
-}
-
 /// `p2plab-ctl RUN provenance --json` over one phase's marks: the exit
 /// status and the answer.
 fn provenance(run: &GuestRun, name: &str) -> (i32, Value) {
@@ -529,7 +500,10 @@ fn viommu_routes_p2p_by_switch_and_ram_through_iovas() {
         append: vec!["intel_iommu=on".to_owned(), "iommu.strict=1".to_owned()],
         ..Boot::default()
     };
-    let (run, ()) = run_guest_with("viommu", &script, boot, mark_phases);
+    let (run, ()) = run_guest_with("viommu", &script, boot, |lab| {
+        let timeout = lab.budget(PHASE_TIMEOUT);
+        mark_phases(lab, &PHASES, timeout)
+    });
 
     // Translated IOMMU groups; the routing the lab derived.
     for key in [
@@ -676,7 +650,10 @@ fn amd_iommu_with_acs_maps_p2p_through_the_iommu() {
         append: vec!["iommu.strict=1".to_owned()],
         ..Boot::default()
     };
-    let (run, ()) = run_guest_with("viommu-amd", &script, boot, mark_phases);
+    let (run, ()) = run_guest_with("viommu-amd", &script, boot, |lab| {
+        let timeout = lab.budget(PHASE_TIMEOUT);
+        mark_phases(lab, &PHASES, timeout)
+    });
     run.expect("CPU_VENDOR", "AuthenticAMD");
     for key in [
         "IOMMU_GROUP_TYPE",

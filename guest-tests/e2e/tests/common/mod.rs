@@ -267,6 +267,37 @@ pub struct Phase {
     pub end: p2plab_server::provenance::Mark,
 }
 
+/// The host side of a guest script's phases (`phase` in the guest
+/// libraries): for each phase in order, wait for the guest's
+/// `ready-NAME`, take `p2plab-ctl RUN mark NAME-start`, answer
+/// `marked-NAME`; then `done-NAME`, `NAME-end`, `measured-NAME`. Each
+/// wait may take `timeout` (already scaled for the accelerator).
+pub fn mark_phases(lab: &mut Lab, phases: &[&str], timeout: Duration) {
+    let ctl = lab
+        .paths
+        .server_binary("p2plab-ctl")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    for name in phases {
+        for (guest, mark, reply) in [("ready", "start", "marked"), ("done", "end", "measured")] {
+            lab.wait_guest_file(&format!("{guest}-{name}"), timeout)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let out = std::process::Command::new(&ctl)
+                .arg(&lab.run_dir)
+                .arg("mark")
+                .arg(format!("{name}-{mark}"))
+                .output()
+                .expect("running p2plab-ctl");
+            assert!(
+                out.status.success(),
+                "p2plab-ctl mark {name}-{mark}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            lab.write_guest_file(&format!("{reply}-{name}"), "")
+                .expect("signalling the guest");
+        }
+    }
+}
+
 impl Phase {
     pub fn of(run: &GuestRun, name: &str) -> Phase {
         let dir = run.run_dir().join("marks");
