@@ -73,7 +73,10 @@ fn dispatcher(
         .expect("the smallest cap");
     control.tracer().configure(&trace, name);
     let stats = DeviceStats::new(control, DmaSpace::new(), None, peer_bar);
-    (Dispatcher::new(Arc::new(DeviceHandler(Arc::new(stats)))), trace)
+    (
+        Dispatcher::new(Arc::new(DeviceHandler(Arc::new(stats)))),
+        trace,
+    )
 }
 
 fn devices() -> &'static Devices {
@@ -126,7 +129,11 @@ fn devices() -> &'static Devices {
 /// Parses a reply line: one line of JSON, `ok` with a result or an error.
 fn parse(reply: &str) -> (bool, Value) {
     assert!(reply.ends_with('\n'), "reply without a newline: {reply:?}");
-    assert_eq!(reply.matches('\n').count(), 1, "reply of several lines: {reply:?}");
+    assert_eq!(
+        reply.matches('\n').count(),
+        1,
+        "reply of several lines: {reply:?}"
+    );
     let value: Value = serde_json::from_str(reply).expect("the reply is JSON");
     let ok = value["ok"].as_bool().expect("the reply has a boolean ok");
     if ok {
@@ -189,7 +196,10 @@ fuzz_target!(|data: &[u8]| {
         let reply = dispatcher.reply_line(channel, line);
         let (ok, result) = parse(&reply);
         let len = std::fs::metadata(trace).map_or(0, |m| m.len());
-        assert!(len <= TRACE_CAP, "trace file of {len} bytes past its cap of {TRACE_CAP}");
+        assert!(
+            len <= TRACE_CAP,
+            "trace file of {len} bytes past its cap of {TRACE_CAP}"
+        );
         let Ok(request) = serde_json::from_slice::<ControlRequest>(line.trim_ascii()) else {
             assert!(!ok, "not a request, answered: {line:?} -> {reply}");
             continue;
@@ -199,7 +209,10 @@ fuzz_target!(|data: &[u8]| {
             ControlRequest::Inject { .. } if ok => {
                 let id = result["id"].as_u64().expect("an armed injection has an id");
                 let spec = result["spec"].as_str().expect("and its canonical spec");
-                assert!(armed(dispatcher).contains(&id), "armed {id} is not in status");
+                assert!(
+                    armed(dispatcher).contains(&id),
+                    "armed {id} is not in status"
+                );
                 // The canonical form is a spec the device takes.
                 let again = serde_json::json!({"cmd": "inject", "spec": spec}).to_string();
                 let (ok, again) = parse(&dispatcher.reply_line(Channel::Host, again.as_bytes()));
@@ -208,7 +221,11 @@ fuzz_target!(|data: &[u8]| {
             }
             ControlRequest::Clear if channel == Channel::Host => {
                 assert!(ok, "{reply}");
-                assert_eq!(armed(dispatcher), Vec::<u64>::new(), "clear left injections");
+                assert_eq!(
+                    armed(dispatcher),
+                    Vec::<u64>::new(),
+                    "clear left injections"
+                );
             }
             ControlRequest::Reset if channel == Channel::Guest => {
                 assert!(!ok, "the guest channel reset the device: {reply}");

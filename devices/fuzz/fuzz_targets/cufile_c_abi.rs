@@ -18,66 +18,21 @@
 //! opens (explicit and implicit).
 #![no_main]
 
+#[path = "common/gds_world.rs"]
+mod gds_world;
+
+use gds_world::{world, Bytes, VRAM};
+
 use std::ffi::{c_int, c_void, CStr};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 
 use cufile::api::*;
 use cufile::OpError;
 use libfuzzer_sys::fuzz_target;
 use p2plab_gds::ffi::{self as gds, CIoReport};
-use p2plab_gds::testing::FakeGpu;
 
-const VRAM: u64 = 256 << 10;
 const MAX_CALLS: usize = 40;
-
-struct World {
-    _gpu: Arc<FakeGpu>,
-    dir: PathBuf,
-}
-
-fn world() -> &'static World {
-    static WORLD: OnceLock<World> = OnceLock::new();
-    WORLD.get_or_init(|| {
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let dir = base.join(format!("p2plab-fuzz-cufile-{}", std::process::id()));
-        let gpu = FakeGpu::new(&dir, VRAM).expect("the test GPU");
-        let for_abi = gpu.clone();
-        gds::inject_driver(Some(Box::new(move || Ok(for_abi.driver()))));
-        World { _gpu: gpu, dir }
-    })
-}
-
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        let b = self.0.get(..8)?;
-        self.0 = &self.0[8..];
-        Some(u64::from_le_bytes(b.try_into().ok()?))
-    }
-    fn amount(&mut self) -> Option<u64> {
-        let kind = self.u8()?;
-        let raw = self.u64()?;
-        Some(match kind % 4 {
-            0 => raw % 4096,
-            1 => raw % (2 * VRAM),
-            2 => (raw % 64) * 512,
-            _ => raw,
-        })
-    }
-}
 
 /// A status is success or a documented cuFile error, never the library's
 /// own panic.
@@ -104,7 +59,11 @@ fuzz_target!(|data: &[u8]| {
     let path = w.dir.join("f");
     let content: Vec<u8> = (0..u64::from(size) * 512).map(|i| (i * 7) as u8).collect();
     std::fs::write(&path, content).expect("a file");
-    let file = OpenOptions::new().read(true).write(true).open(&path).expect("the file");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("the file");
     let dir = std::fs::File::open(&w.dir).expect("the folder");
     let host = vec![0u8; 8192];
     let mut opens = 0u32;
@@ -117,7 +76,9 @@ fuzz_target!(|data: &[u8]| {
             let pick = input.u8()?;
             let offset = input.amount()?;
             Some(match (pick % 4, ptrs.is_empty()) {
-                (0 | 1, false) => ptrs[usize::from(pick / 4) % ptrs.len()].wrapping_add(offset % VRAM),
+                (0 | 1, false) => {
+                    ptrs[usize::from(pick / 4) % ptrs.len()].wrapping_add(offset % VRAM)
+                }
                 (2, _) => host.as_ptr() as u64 + offset % 8192,
                 _ => offset,
             })
@@ -140,7 +101,8 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             2 => {
-                let (Some(t), Some(which), Some(null)) = (input.u8(), input.u8(), input.u8()) else {
+                let (Some(t), Some(which), Some(null)) = (input.u8(), input.u8(), input.u8())
+                else {
                     break;
                 };
                 let fd = match which % 4 {
@@ -155,8 +117,16 @@ fuzz_target!(|data: &[u8]| {
                     fs_ops: usize::from(null) as *const c_void,
                 };
                 let mut fh: *mut c_void = std::ptr::null_mut();
-                let fh_ptr = if null & 1 == 1 { std::ptr::null_mut() } else { &mut fh as *mut _ };
-                let d_ptr = if null & 2 == 2 { std::ptr::null_mut() } else { &mut d as *mut _ };
+                let fh_ptr = if null & 1 == 1 {
+                    std::ptr::null_mut()
+                } else {
+                    &mut fh as *mut _
+                };
+                let d_ptr = if null & 2 == 2 {
+                    std::ptr::null_mut()
+                } else {
+                    &mut d as *mut _
+                };
                 // SAFETY: NULL or valid pointers.
                 let st = unsafe { cuFileHandleRegister(fh_ptr, d_ptr) };
                 if check(st) {
@@ -174,23 +144,28 @@ fuzz_target!(|data: &[u8]| {
                 let Some(len) = input.amount() else { break };
                 let mut ptr: *mut c_void = std::ptr::null_mut();
                 // SAFETY: &mut ptr is writable.
-                let st = unsafe { gds::p2plab_gds_mem_alloc(&mut ptr, len as usize, std::ptr::null()) };
+                let st =
+                    unsafe { gds::p2plab_gds_mem_alloc(&mut ptr, len as usize, std::ptr::null()) };
                 if st.err == 0 {
                     ptrs.push(ptr as u64);
                 }
             }
             5 => {
-                let (Some(at), Some(len), Some(flags)) = (addr(&mut input, &ptrs), input.amount(), input.u8())
+                let (Some(at), Some(len), Some(flags)) =
+                    (addr(&mut input, &ptrs), input.amount(), input.u8())
                 else {
                     break;
                 };
-                let st = cuFileBufRegister(at as *const c_void, len as usize, c_int::from(flags % 8));
+                let st =
+                    cuFileBufRegister(at as *const c_void, len as usize, c_int::from(flags % 8));
                 if check(st) {
                     registered.push(at);
                 }
             }
             6 => {
-                let Some(at) = addr(&mut input, &ptrs) else { break };
+                let Some(at) = addr(&mut input, &ptrs) else {
+                    break;
+                };
                 let ok = check(cuFileBufDeregister(at as *const c_void));
                 assert_eq!(ok, registered.contains(&at), "deregister {at:#x}");
                 registered.retain(|r| *r != at);
@@ -212,9 +187,21 @@ fuzz_target!(|data: &[u8]| {
                 // SAFETY: the library checks the range before any use.
                 let ret = unsafe {
                     if op % 12 == 7 {
-                        cuFileRead(fh, base as *mut c_void, len as usize, foff as i64, boff as i64)
+                        cuFileRead(
+                            fh,
+                            base as *mut c_void,
+                            len as usize,
+                            foff as i64,
+                            boff as i64,
+                        )
                     } else {
-                        cuFileWrite(fh, base as *const c_void, len as usize, foff as i64, boff as i64)
+                        cuFileWrite(
+                            fh,
+                            base as *const c_void,
+                            len as usize,
+                            foff as i64,
+                            boff as i64,
+                        )
                     }
                 };
                 let mut r = std::mem::MaybeUninit::<CIoReport>::zeroed();
@@ -223,7 +210,8 @@ fuzz_target!(|data: &[u8]| {
                 if ret == -1 {
                     assert_ne!(std::io::Error::last_os_error().raw_os_error(), Some(0));
                 } else if ret < 0 {
-                    let e = OpError::from_i32((-ret) as i32).unwrap_or_else(|| panic!("undocumented {ret}"));
+                    let e = OpError::from_i32((-ret) as i32)
+                        .unwrap_or_else(|| panic!("undocumented {ret}"));
                     assert_ne!(e, OpError::InternalError, "{}", last_error());
                 } else if have {
                     // SAFETY: filled by the call.
@@ -236,11 +224,16 @@ fuzz_target!(|data: &[u8]| {
                 let start = base.wrapping_add(boff);
                 if !registered.contains(&start) && len > 0 {
                     let still = cuFileBufDeregister(start as *const c_void).err == 0;
-                    assert!(!still || registered.contains(&start), "left registered: {start:#x}");
+                    assert!(
+                        !still || registered.contains(&start),
+                        "left registered: {start:#x}"
+                    );
                 }
             }
             9 => {
-                let (Some(which), Some(v)) = (input.u8(), input.amount()) else { break };
+                let (Some(which), Some(v)) = (input.u8(), input.amount()) else {
+                    break;
+                };
                 let v = v as usize;
                 let st = match which % 4 {
                     0 => cuFileDriverSetMaxDirectIOSize(v),
@@ -281,7 +274,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(check(cuFileDriverClose()), "{}", last_error());
         opens -= 1;
     }
-    assert_eq!(cuFileDriverClose().err, OpError::DriverNotInitialized as i32, "opens left");
+    assert_eq!(
+        cuFileDriverClose().err,
+        OpError::DriverNotInitialized as i32,
+        "opens left"
+    );
 });
 
 /// Whether p2plab-gds's driver is open (a read or write opens it on

@@ -94,7 +94,14 @@ fuzz_target!(|data: &[u8]| {
     let options = EfaOptions {
         keep_alive: Some(Duration::from_millis(1)),
     };
-    let Ok(efa) = Efa::new(attrs, options, ram.clone(), llq, Arc::new(NoLink::default()), Arc::new(NoIrq)) else {
+    let Ok(efa) = Efa::new(
+        attrs,
+        options,
+        ram.clone(),
+        llq,
+        Arc::new(NoLink::default()),
+        Arc::new(NoIrq),
+    ) else {
         return;
     };
     efa.set_bus_master(true);
@@ -166,7 +173,10 @@ fuzz_target!(|data: &[u8]| {
                 let Some(which) = input.u8() else { break };
                 let Some(value) = input.u32() else { break };
                 let offset = REGS[usize::from(which) % REGS.len()];
-                if offset != reg::MMIO_REG_READ && offset != reg::EQ_DB && offset != reg::AENQ_CONS_DB {
+                if offset != reg::MMIO_REG_READ
+                    && offset != reg::EQ_DB
+                    && offset != reg::AENQ_CONS_DB
+                {
                     sane = false;
                 }
                 write(&efa, offset, value);

@@ -108,7 +108,13 @@ struct Dev {
 }
 
 impl Dev {
-    fn admin(&mut self, ram: &FakeGuestMemory, opcode: u8, flags: u8, payload: &[u8]) -> Option<[u8; 64]> {
+    fn admin(
+        &mut self,
+        ram: &FakeGuestMemory,
+        opcode: u8,
+        flags: u8,
+        payload: &[u8],
+    ) -> Option<[u8; 64]> {
         let slot = self.pc % 32;
         let phase = (self.pc / 32).is_multiple_of(2);
         let mut entry = [0u8; 64];
@@ -133,7 +139,13 @@ impl Dev {
         }
     }
 
-    fn new(ram: &Arc<FakeGuestMemory>, base: u64, gid: u8, link: ChannelLink, peer_gid: u8) -> Option<Self> {
+    fn new(
+        ram: &Arc<FakeGuestMemory>,
+        base: u64,
+        gid: u8,
+        link: ChannelLink,
+        peer_gid: u8,
+    ) -> Option<Self> {
         let mut g = [0u8; 16];
         g[0] = 0xfd;
         g[15] = gid;
@@ -152,7 +164,15 @@ impl Dev {
             injected: Mutex::new(VecDeque::new()),
         });
         let options = EfaOptions { keep_alive: None };
-        let efa = Efa::new(attrs, options, ram.clone(), region, tap.clone(), Arc::new(NoIrq)).ok()?;
+        let efa = Efa::new(
+            attrs,
+            options,
+            ram.clone(),
+            region,
+            tap.clone(),
+            Arc::new(NoIrq),
+        )
+        .ok()?;
         efa.set_bus_master(true);
         let w = |off: u64, v: u64| efa.regs_write(off, &(v as u32).to_le_bytes());
         w(reg::AQ_BASE_LO, base);
@@ -192,7 +212,8 @@ impl Dev {
         let pages = (BUF_SIZE / 4096) as u32;
         let list = base + 0x6000;
         for i in 0..u64::from(pages) {
-            ram.write(list + i * 8, &(buf + i * 4096).to_le_bytes()).ok()?;
+            ram.write(list + i * 8, &(buf + i * 4096).to_le_bytes())
+                .ok()?;
         }
         mr[4..8].copy_from_slice(&(pages * 8).to_le_bytes());
         mr[8..12].copy_from_slice(&(list as u32).to_le_bytes());
@@ -272,16 +293,20 @@ fuzz_target!(|data: &[u8]| {
                     wqe[12..14].copy_from_slice(&dev.ah.to_le_bytes());
                     wqe[16..20].copy_from_slice(&0x1111_1111u32.to_le_bytes());
                     for sge in [32usize, 48] {
-                        let len = u32::from_le_bytes(wqe[sge..sge + 4].try_into().unwrap_or_default()) % 9000;
+                        let len =
+                            u32::from_le_bytes(wqe[sge..sge + 4].try_into().unwrap_or_default())
+                                % 9000;
                         let off = u64::from(wqe[sge + 8]) * 64;
                         wqe[sge..sge + 4].copy_from_slice(&len.to_le_bytes());
                         wqe[sge + 4..sge + 8].copy_from_slice(&dev.key.to_le_bytes());
-                        wqe[sge + 8..sge + 16].copy_from_slice(&(dev.base + BUF + off).to_le_bytes());
+                        wqe[sge + 8..sge + 16]
+                            .copy_from_slice(&(dev.base + BUF + off).to_le_bytes());
                     }
                 }
                 let _ = dev.llq.write(dev.llq_offset + u64::from(slot) * 64, &wqe);
                 dev.sq_pc = dev.sq_pc.wrapping_add(1);
-                dev.efa.db_write(dev.sq_db, &u32::from(dev.sq_pc).to_le_bytes());
+                dev.efa
+                    .db_write(dev.sq_db, &u32::from(dev.sq_pc).to_le_bytes());
             }
             // A receive descriptor of any bytes, or a sane one.
             2 => {
@@ -297,13 +322,15 @@ fuzz_target!(|data: &[u8]| {
                 let slot = u32::from(dev.rq_pc) % 16;
                 let _ = ram.write(dev.rq_ring + u64::from(slot) * 16, &desc);
                 dev.rq_pc = dev.rq_pc.wrapping_add(1);
-                dev.efa.db_write(dev.rq_db, &u32::from(dev.rq_pc).to_le_bytes());
+                dev.efa
+                    .db_write(dev.rq_db, &u32::from(dev.rq_pc).to_le_bytes());
             }
             // A doorbell write anywhere with any value.
             3 => {
                 let Some(offset) = input.u32() else { break };
                 let Some(value) = input.u32() else { break };
-                dev.efa.db_write(u64::from(offset) % (64 << 12), &value.to_le_bytes());
+                dev.efa
+                    .db_write(u64::from(offset) % (64 << 12), &value.to_le_bytes());
             }
             // A packet of any bytes from the fabric.
             4 => {
@@ -321,8 +348,14 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ram.write(RAM + u64::from(at) % (RAM_SIZE - 16), bytes);
             }
             6 => {
-                let spec = ["drop,count=1", "corrupt,count=1", "reorder,count=2", "delay=1ms,count=1", "cq-error=9,count=1", "link-down"]
-                    [usize::from(op >> 4) % 6];
+                let spec = [
+                    "drop,count=1",
+                    "corrupt,count=1",
+                    "reorder,count=2",
+                    "delay=1ms,count=1",
+                    "cq-error=9,count=1",
+                    "link-down",
+                ][usize::from(op >> 4) % 6];
                 let _ = DeviceControl::inject(&dev.efa.control(), spec);
             }
             _ => {

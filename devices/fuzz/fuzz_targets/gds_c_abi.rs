@@ -23,82 +23,26 @@
 //! VRAM offset than the one it maps.
 #![no_main]
 
+#[path = "common/gds_world.rs"]
+mod gds_world;
+
+use gds_world::{world, Bytes};
+
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use p2plab_gds::ffi::{self, CBufInfo, CIoReport, Status, BUF_P2PMEM};
-use p2plab_gds::testing::{FakeGpu, GPU_BDF};
+use p2plab_gds::testing::GPU_BDF;
 use p2plab_gds::{ErrorCode, Path};
 
-/// VRAM of the test GPU; sizes in the input are folded around it.
-const VRAM: u64 = 256 << 10;
 /// The most bytes a copy or checksum moves through host memory.
 const HOST: usize = 64 << 10;
 const MAX_CALLS: usize = 48;
-
-struct World {
-    gpu: Arc<FakeGpu>,
-    dir: PathBuf,
-    /// The file system's device (placed on PCI or not by the input).
-    st_dev: u64,
-}
-
-fn world() -> &'static World {
-    static WORLD: OnceLock<World> = OnceLock::new();
-    WORLD.get_or_init(|| {
-        // tmpfs: no disk I/O however many writes the fuzzer makes.
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let dir = base.join(format!("p2plab-fuzz-gds-{}", std::process::id()));
-        let gpu = FakeGpu::new(&dir, VRAM).expect("the test GPU");
-        let for_abi = gpu.clone();
-        ffi::inject_driver(Some(Box::new(move || Ok(for_abi.driver()))));
-        std::fs::write(dir.join("a"), b"").expect("a file");
-        let st_dev = std::fs::metadata(dir.join("a")).expect("a file").dev();
-        World { gpu, dir, st_dev }
-    })
-}
-
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        let b = self.0.get(..8)?;
-        self.0 = &self.0[8..];
-        Some(u64::from_le_bytes(b.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        let b = self.0.get(..4)?;
-        self.0 = &self.0[4..];
-        Some(u32::from_le_bytes(b.try_into().ok()?))
-    }
-    /// A size or offset: small and near the interesting edges most of
-    /// the time, anything otherwise.
-    fn amount(&mut self) -> Option<u64> {
-        let kind = self.u8()?;
-        let raw = self.u64()?;
-        Some(match kind % 4 {
-            0 => raw % 4096,
-            1 => raw % (2 * VRAM),
-            2 => (raw % 64) * 512,
-            _ => raw,
-        })
-    }
-}
 
 /// An open file and what it is.
 struct Fd {
@@ -139,7 +83,10 @@ impl Model {
     /// The registered buffer holding `[addr, addr + len)`.
     fn buffer(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
         let (&s, &l) = self.buffers.range(..=addr).next_back()?;
-        (addr - s).checked_add(len).filter(|end| *end <= l).map(|_| (s, l))
+        (addr - s)
+            .checked_add(len)
+            .filter(|end| *end <= l)
+            .map(|_| (s, l))
     }
     /// The VRAM offset of `addr`, in a library allocation.
     fn vram_offset(&self, addr: u64) -> Option<u64> {
@@ -156,7 +103,12 @@ fn check_status(st: Status) -> Option<ErrorCode> {
         return None;
     }
     let code = ErrorCode::from_i32(st.err).unwrap_or_else(|| panic!("undefined code {}", st.err));
-    assert_ne!(code, ErrorCode::InternalError, "the library panicked: {}", last_error());
+    assert_ne!(
+        code,
+        ErrorCode::InternalError,
+        "the library panicked: {}",
+        last_error()
+    );
     assert!(st.sys_errno >= 0);
     Some(code)
 }
@@ -272,7 +224,10 @@ fuzz_target!(|data: &[u8]| {
                 let st = unsafe { ffi::p2plab_gds_handle_register(out, fds[index].raw()) };
                 if check_status(st).is_none() {
                     assert!(model.opens > 0 && !out.is_null() && fds[index].path.is_some());
-                    assert!(model.handles.insert(fh, index).is_none(), "handle {fh} reused");
+                    assert!(
+                        model.handles.insert(fh, index).is_none(),
+                        "handle {fh} reused"
+                    );
                 }
             }
             5 => {
@@ -333,7 +288,8 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             9 => {
-                let (Some(at), Some(size), Some(flags)) = (addr(&mut input), input.amount(), input.u8())
+                let (Some(at), Some(size), Some(flags)) =
+                    (addr(&mut input), input.amount(), input.u8())
                 else {
                     break;
                 };
@@ -342,7 +298,10 @@ fuzz_target!(|data: &[u8]| {
                 match check_status(st) {
                     None => {
                         assert!(!model.overlaps(at, size), "an overlapping registration");
-                        assert!(model.vram_offset(at).is_some(), "registered {at:#x}: not VRAM");
+                        assert!(
+                            model.vram_offset(at).is_some(),
+                            "registered {at:#x}: not VRAM"
+                        );
                         model.buffers.insert(at, size);
                     }
                     Some(ErrorCode::MemoryAlreadyRegistered) => {
@@ -361,7 +320,8 @@ fuzz_target!(|data: &[u8]| {
                 let Some(at) = addr(&mut input) else { break };
                 let mut info = std::mem::MaybeUninit::<CBufInfo>::zeroed();
                 // SAFETY: info is writable for one struct.
-                let st = unsafe { ffi::p2plab_gds_buf_info(at as *const c_void, info.as_mut_ptr()) };
+                let st =
+                    unsafe { ffi::p2plab_gds_buf_info(at as *const c_void, info.as_mut_ptr()) };
                 if check_status(st).is_none() {
                     // SAFETY: filled by the successful call.
                     let info = unsafe { info.assume_init() };
@@ -402,9 +362,23 @@ fuzz_target!(|data: &[u8]| {
                 // buffer is only used if registered.
                 let ret = unsafe {
                     if write {
-                        ffi::p2plab_gds_write(fh, base as *const c_void, size as usize, file_offset, buf_offset, out)
+                        ffi::p2plab_gds_write(
+                            fh,
+                            base as *const c_void,
+                            size as usize,
+                            file_offset,
+                            buf_offset,
+                            out,
+                        )
                     } else {
-                        ffi::p2plab_gds_read(fh, base as *mut c_void, size as usize, file_offset, buf_offset, out)
+                        ffi::p2plab_gds_read(
+                            fh,
+                            base as *mut c_void,
+                            size as usize,
+                            file_offset,
+                            buf_offset,
+                            out,
+                        )
                     }
                 };
                 let report = (!out.is_null()).then(|| {
@@ -447,7 +421,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(file == vram(vram_at, n as usize), "other bytes moved");
             }
             14 => {
-                let (Some(which), Some(at), Some(size)) = (input.u8(), addr(&mut input), input.amount())
+                let (Some(which), Some(at), Some(size)) =
+                    (input.u8(), addr(&mut input), input.amount())
                 else {
                     break;
                 };
@@ -459,7 +434,9 @@ fuzz_target!(|data: &[u8]| {
                     0 => {
                         let mut crc = 0u32;
                         // SAFETY: crc is writable.
-                        let st = unsafe { ffi::p2plab_gds_checksum(at as *const c_void, size, &mut crc) };
+                        let st = unsafe {
+                            ffi::p2plab_gds_checksum(at as *const c_void, size, &mut crc)
+                        };
                         if check_status(st).is_none() {
                             if size == 0 {
                                 continue;
@@ -469,10 +446,17 @@ fuzz_target!(|data: &[u8]| {
                         }
                     }
                     1 => {
-                        host[..size].iter_mut().enumerate().for_each(|(i, b)| *b = (i as u8) ^ which);
+                        host[..size]
+                            .iter_mut()
+                            .enumerate()
+                            .for_each(|(i, b)| *b = (i as u8) ^ which);
                         // SAFETY: host is valid for `size` bytes.
                         let st = unsafe {
-                            ffi::p2plab_gds_memcpy_htod(at as *mut c_void, host.as_ptr().cast(), size)
+                            ffi::p2plab_gds_memcpy_htod(
+                                at as *mut c_void,
+                                host.as_ptr().cast(),
+                                size,
+                            )
                         };
                         if check_status(st).is_none() {
                             if size == 0 {
@@ -485,7 +469,11 @@ fuzz_target!(|data: &[u8]| {
                     _ => {
                         // SAFETY: host is valid and ours for `size` bytes.
                         let st = unsafe {
-                            ffi::p2plab_gds_memcpy_dtoh(host.as_mut_ptr().cast(), at as *const c_void, size)
+                            ffi::p2plab_gds_memcpy_dtoh(
+                                host.as_mut_ptr().cast(),
+                                at as *const c_void,
+                                size,
+                            )
                         };
                         if check_status(st).is_none() {
                             if size == 0 {

@@ -63,7 +63,11 @@ fn read_ram(guest: &Guest, at: u64, len: usize) -> Vec<u8> {
 }
 
 fn no_internal_error(status: Status) {
-    assert_ne!(status, Status::INTERNAL_ERROR, "a command failed with Internal Error");
+    assert_ne!(
+        status,
+        Status::INTERNAL_ERROR,
+        "a command failed with Internal Error"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -81,15 +85,21 @@ fuzz_target!(|data: &[u8]| {
         match op & 0x7 {
             // Set Features C0h.
             0 | 1 => {
-                let (Some(cdw10), Some(cdw11), Some(nsid), Some(cdw14), Some(offset)) =
-                    (input.u32(), input.u32(), input.u32(), input.u32(), input.u8())
-                else {
+                let (Some(cdw10), Some(cdw11), Some(nsid), Some(cdw14), Some(offset)) = (
+                    input.u32(),
+                    input.u32(),
+                    input.u32(),
+                    input.u32(),
+                    input.u8(),
+                ) else {
                     break;
                 };
                 let offset = u64::from(offset) * 4 % 0x1000;
                 let given = usize::from(input.u8().unwrap_or(0)) % (MAX_ENTRIES + 1);
                 for i in 0..given {
-                    let Some(bytes) = input.take(ENTRY) else { break };
+                    let Some(bytes) = input.take(ENTRY) else {
+                        break;
+                    };
                     let mut entry = [0u8; ENTRY];
                     entry.copy_from_slice(bytes);
                     if op & 0x80 != 0 {

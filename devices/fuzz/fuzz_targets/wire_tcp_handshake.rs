@@ -40,7 +40,12 @@ fn key(bytes: &[u8]) -> WireKey {
 /// What an honest peer with `peer_key` and `nonce` sends to an end that
 /// sent `our_hello`: its HELLO and its PROOF (none if our HELLO is
 /// refused, e.g. the nonces are equal).
-fn honest(peer_role: Role, peer_key: &WireKey, nonce: [u8; NONCE_LEN], our_hello: &[u8]) -> Vec<u8> {
+fn honest(
+    peer_role: Role,
+    peer_key: &WireKey,
+    nonce: [u8; NONCE_LEN],
+    our_hello: &[u8],
+) -> Vec<u8> {
     let (mut peer, hello) = Handshake::start(peer_role, peer_key, nonce);
     let mut bytes = hello.to_vec();
     if let Ok(Some(proof)) = peer.take(our_hello) {
@@ -95,8 +100,7 @@ fuzz_target!(|data: &[u8]| {
             let mut nonce = [0u8; NONCE_LEN];
             nonce.copy_from_slice(&rest[8..HELLO_LEN]);
             let expected = honest(peer_role, &ours, nonce, &our_hello);
-            expected.len() == HELLO_LEN + PROOF_LEN
-                && rest[..HELLO_LEN + PROOF_LEN] == expected[..]
+            expected.len() == HELLO_LEN + PROOF_LEN && rest[..HELLO_LEN + PROOF_LEN] == expected[..]
         };
         (rest.to_vec(), should)
     } else {
@@ -126,7 +130,11 @@ fuzz_target!(|data: &[u8]| {
     if !handshake.is_done() {
         return;
     }
-    assert_eq!(took, HELLO_LEN + PROOF_LEN, "the handshake took frame bytes");
+    assert_eq!(
+        took,
+        HELLO_LEN + PROOF_LEN,
+        "the handshake took frame bytes"
+    );
 
     // Behind it, the link reads frames in arbitrary slices.
     let frames = &stream[took..];

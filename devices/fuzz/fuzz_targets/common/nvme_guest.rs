@@ -202,7 +202,11 @@ impl Guest {
     /// stopped when it returns.
     pub fn function_reset(&self) {
         self.ctrl.reset();
-        assert_eq!(self.csts() & Csts::RDY.raw(), 0, "a worker outlived the reset");
+        assert_eq!(
+            self.csts() & Csts::RDY.raw(),
+            0,
+            "a worker outlived the reset"
+        );
         self.ctrl.set_cmb_bar_address(Some(CMB_BAR));
     }
 
@@ -215,7 +219,11 @@ impl Guest {
             "an internal error reached the worker boundary"
         );
         self.ctrl.reset();
-        assert_eq!(self.csts() & Csts::RDY.raw(), 0, "a worker outlived the reset");
+        assert_eq!(
+            self.csts() & Csts::RDY.raw(),
+            0,
+            "a worker outlived the reset"
+        );
     }
 }
 
