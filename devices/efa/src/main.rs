@@ -167,16 +167,6 @@ fn main() -> ExitCode {
         eprintln!("p2plab-efa: {e}");
         return ExitCode::from(2);
     }
-    let tcp_wire = matches!(
-        args.wire,
-        Some(WireConfig::TcpListen(_) | WireConfig::TcpConnect(_))
-    );
-    if args.wire_key.is_some() && !tcp_wire {
-        eprintln!(
-            "p2plab-efa: --wire-key is for a TCP wire (--wire tcp-listen:... or tcp-connect:...)"
-        );
-        return ExitCode::from(2);
-    }
     p2plab_server::run_main(&PROCESS, &args.server, |launch| run(&args, launch))
 }
 

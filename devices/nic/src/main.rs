@@ -36,9 +36,16 @@ struct Args {
     server: ServerArgs,
     /// Where the wire goes: `loopback` (frames come back), `listen:PATH`
     /// (a unix socket the peer NIC connects to, mode 0600, one peer of our
-    /// uid or an --allow-uid) or `connect:PATH`.
+    /// uid or an --allow-uid), `connect:PATH`, or `tcp-listen:ADDR:PORT` /
+    /// `tcp-connect:HOST:PORT` (a NIC in another lab, on this host or
+    /// another; needs --wire-key).
     #[arg(long, value_name = "WIRE", default_value = "loopback")]
     wire: WireConfig,
+    /// The pre-shared key file of a TCP wire: the same file on both ends,
+    /// mode 0600 and owned by the server's uid (`openssl rand -hex 32`).
+    /// The peer proves it holds the key before it gets the link.
+    #[arg(long, value_name = "FILE")]
+    wire_key: Option<std::path::PathBuf>,
     /// Longest a frame waits for the peer to read it, in milliseconds;
     /// then its descriptor completes with LINK_DOWN and a socket link is
     /// closed (the peer reconnects).
@@ -85,6 +92,7 @@ fn run(args: &Args, launch: Launch<'_>) -> Result<()> {
         max_payload: MAX_MTU,
         allowed_uids: args.server.allow_uid.clone(),
         thread_name: "nic-wire".into(),
+        key_file: args.wire_key.clone(),
         ..WireOptions::default()
     };
     let wire = Wire::open(&args.wire, options).with_context(|| format!("--wire {}", args.wire))?;

@@ -36,3 +36,14 @@ fn bad_flags_are_refused_by_name() {
         &["--wire", "nonexistent-dir"],
     );
 }
+
+/// Catches: a key given for a wire that has no use for it (the user meant
+/// a TCP wire), or a TCP wire started without its key.
+#[test]
+fn wire_key_goes_with_a_tcp_wire() {
+    refused(&["--wire", "tcp-listen:127.0.0.1:0"], &["--wire-key"]);
+    refused(
+        &["--wire", "loopback", "--wire-key", "/nonexistent/wire.key"],
+        &["--wire-key", "TCP wire"],
+    );
+}

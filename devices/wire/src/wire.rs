@@ -57,6 +57,14 @@ impl Wire {
     /// The wire `config` describes. A listening wire binds its socket now
     /// (replacing a stale socket file), so a bad path fails at start.
     pub fn open(config: &WireConfig, options: WireOptions) -> io::Result<Self> {
+        let tcp = matches!(config, WireConfig::TcpListen(_) | WireConfig::TcpConnect(_));
+        if options.key_file.is_some() && !tcp {
+            // A key the user gave for nothing: they meant a TCP wire.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--wire-key is for a TCP wire (tcp-listen:ADDR:PORT or tcp-connect:HOST:PORT)",
+            ));
+        }
         match config {
             WireConfig::Loopback => Ok(Self::loopback_with(options)),
             WireConfig::Listen(path) => {
