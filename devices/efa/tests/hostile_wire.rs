@@ -15,8 +15,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use p2plab_efa::frame::{Body, Header, Packet};
+use p2plab_kit::testing::wait_until;
 use p2plab_server::testing::SpawnedServer;
 use p2plab_wire::testing::closed_by_other_end as tcp_closed_by_other_end;
+use p2plab_wire::testing::free_tcp_port;
 use p2plab_wire::{Decoder, Frame, DEFAULT_MAX_PAYLOAD};
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -34,14 +36,6 @@ fn wire_counter(status: &serde_json::Value, name: &str) -> u64 {
     status["wire"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("no wire counter {name} in {status}"))
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn closed_by_other_end(stream: &mut UnixStream) -> bool {
@@ -118,22 +112,22 @@ fn a_hostile_fabric_peer_is_cut_off_refused_and_its_packets_dropped() {
         .enumerate()
     {
         let mut peer = wire_peer(&wire);
-        wait_until("the peer is taken", || link_up(&server));
+        wait_until("the peer is taken", PATIENCE, || link_up(&server));
         peer.write_all(bytes).unwrap();
         assert!(closed_by_other_end(&mut peer), "not cut off");
-        wait_until("the protocol error is counted", || {
+        wait_until("the protocol error is counted", PATIENCE, || {
             wire_counter(&server.status(), "protocol_errors") == n as u64 + 1
         });
-        wait_until("link down", || !link_up(&server));
+        wait_until("link down", PATIENCE, || !link_up(&server));
     }
 
     // A peer that speaks frames; an intruder meanwhile is refused.
     let mut peer = wire_peer(&wire);
-    wait_until("the good peer is taken", || link_up(&server));
+    wait_until("the good peer is taken", PATIENCE, || link_up(&server));
     let mut intruder = wire_peer(&wire);
     let _ = intruder.write_all(&Frame::new(vec![0xdd; 64]).encode());
     assert!(closed_by_other_end(&mut intruder), "intruder kept");
-    wait_until("the refusal is counted", || {
+    wait_until("the refusal is counted", PATIENCE, || {
         wire_counter(&server.status(), "peers_refused") == 1
     });
     assert!(link_up(&server), "the intruder took the link");
@@ -155,7 +149,7 @@ fn a_hostile_fabric_peer_is_cut_off_refused_and_its_packets_dropped() {
         peer.write_all(&Frame::new(payload.clone()).encode())
             .unwrap();
     }
-    wait_until("the bad packets are counted", || {
+    wait_until("the bad packets are counted", PATIENCE, || {
         counter(&server.status(), "bad_packets") == bad.len() as u64
     });
     // A well-formed SEND for a QP that does not exist is answered with an
@@ -190,24 +184,17 @@ fn a_hostile_fabric_peer_is_cut_off_refused_and_its_packets_dropped() {
 
     // The peer leaves; a new one is taken.
     drop(peer);
-    wait_until("link down after the peer left", || !link_up(&server));
+    wait_until("link down after the peer left", PATIENCE, || {
+        !link_up(&server)
+    });
     let _peer = wire_peer(&wire);
-    wait_until("a new peer is taken", || link_up(&server));
+    wait_until("a new peer is taken", PATIENCE, || link_up(&server));
 
     let log = server.log();
     let exit = server.stop();
     assert!(exit.success(), "the server exited with {exit}:\n{log}");
     assert!(!log.contains("panicked"), "a thread panicked:\n{log}");
     assert!(!wire.exists(), "the wire socket outlived the server");
-}
-
-/// A free port on 127.0.0.1 (the kernel's pick; freed again for the
-/// server to bind).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }
 
 const TCP_KEY: &str = "6b1f0e3d2c5a4978b6e1d0c3f2a59487b6e1d0c3f2a59487b6e1d0c3f2a59487";
@@ -248,7 +235,7 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 
-    let port = free_port();
+    let port = free_tcp_port();
     let addr = format!("127.0.0.1:{port}");
     let server = SpawnedServer::start(env!("CARGO_BIN_EXE_p2plab-efa"), "efa-hostile-tcp", |dir| {
         let key = dir.join("wire.key");
@@ -275,7 +262,9 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
     let other = TCP_KEY.replace('6', "7");
     let err = authenticate(stream, Role::Dialer, &options(&other)).unwrap_err();
     assert!(err.contains("does not match our key"), "{err}");
-    wait_until("the wrong key is counted", || refused(&server) == 1);
+    wait_until("the wrong key is counted", PATIENCE, || {
+        refused(&server) == 1
+    });
 
     // Garbage: cut off at once.
     let mut garbage = TcpStream::connect(&addr).unwrap();
@@ -285,7 +274,7 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         &mut garbage,
         Duration::from_secs(3)
     ));
-    wait_until("the garbage is counted", || refused(&server) == 2);
+    wait_until("the garbage is counted", PATIENCE, || refused(&server) == 2);
 
     // A slowloris: a few bytes, then silence; cut off at the handshake
     // timeout (5 s).
@@ -301,7 +290,9 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         "{:?}",
         start.elapsed()
     );
-    wait_until("the slowloris is counted", || refused(&server) == 3);
+    wait_until("the slowloris is counted", PATIENCE, || {
+        refused(&server) == 3
+    });
     assert!(!link_up(&server), "a peer without the key got the link");
 
     // A peer with the key gets the link; its oversized frame cuts it off.
@@ -311,7 +302,9 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         &options(TCP_KEY),
     )
     .unwrap();
-    wait_until("the peer with the key is taken", || link_up(&server));
+    wait_until("the peer with the key is taken", PATIENCE, || {
+        link_up(&server)
+    });
     let mut too_long = Frame::new(vec![]).header().to_vec();
     too_long[8..12].copy_from_slice(&(DEFAULT_MAX_PAYLOAD + 1).to_le_bytes());
     peer.write_all(&too_long).unwrap();
@@ -319,7 +312,7 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         tcp_closed_by_other_end(&mut peer, Duration::from_secs(5)),
         "not cut off"
     );
-    wait_until("the protocol error is counted", || {
+    wait_until("the protocol error is counted", PATIENCE, || {
         wire_counter(&server.status(), "protocol_errors") == 1
     });
 
@@ -331,7 +324,7 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         &options(TCP_KEY),
     )
     .unwrap();
-    wait_until("the next peer is taken", || link_up(&server));
+    wait_until("the next peer is taken", PATIENCE, || link_up(&server));
     peer.write_all(&Frame::new(send_to(9).encode()).encode())
         .unwrap();
     peer.set_read_timeout(Some(PATIENCE)).unwrap();

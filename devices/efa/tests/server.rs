@@ -9,11 +9,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use p2plab_efa::pci::{config_space, MSIX_BAR};
 use p2plab_efa::regs::{reg, LLQ_BAR, REGS_BAR};
 use p2plab_efa::{efa_function, DeviceAttrs, EfaOptions, NoLink, DEFAULT_IDS};
+use p2plab_kit::testing::wait_until;
 use p2plab_vfio_user::vfio_abi::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
@@ -32,14 +33,6 @@ fn socket_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("p2plab-efa-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 /// Catches: a readless answer that is not in guest RAM when the register
@@ -94,7 +87,9 @@ fn readless_reads_and_admin_commands_through_the_server() {
     client
         .dma_map(0, RAM_GPA, RAM_SIZE, ram.as_raw_fd())
         .unwrap();
-    wait_until("DMA map", || dma.mapping_count() == 1);
+    wait_until("DMA map", Duration::from_secs(20), || {
+        dma.mapping_count() == 1
+    });
     client
         .region_write(
             VFIO_PCI_CONFIG_REGION_INDEX,
@@ -167,7 +162,9 @@ fn readless_reads_and_admin_commands_through_the_server() {
     entry[3] = 1;
     ram.write_at(AQ, &entry).unwrap();
     write(&mut client, reg::AQ_PROD_DB, 1);
-    wait_until("the management MSI-X", || irq.read().is_ok());
+    wait_until("the management MSI-X", Duration::from_secs(20), || {
+        irq.read().is_ok()
+    });
     let mut completion = [0u8; 64];
     ram.read_at(ACQ, &mut completion).unwrap();
     assert_eq!(u16::from_le_bytes([completion[0], completion[1]]), 0x21);
@@ -177,7 +174,9 @@ fn readless_reads_and_admin_commands_through_the_server() {
     // Disconnect: the server resets the device and keeps listening.
     client.shutdown().unwrap();
     drop(client);
-    wait_until("reset after disconnect", || control.stats().resets >= 1);
+    wait_until("reset after disconnect", Duration::from_secs(20), || {
+        control.stats().resets >= 1
+    });
     assert_eq!(control.objects().uars, 0);
     shutdown.shutdown();
     thread.join().unwrap().unwrap();

@@ -1,9 +1,10 @@
 //! The `p2plab-gpu` binary as the lab runs it: flags, startup, RSS with a
 //! large sparse VRAM, the stats file, and a clean exit on SIGTERM.
 
+use p2plab_kit::testing::wait_until;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_p2plab-gpu");
 
@@ -12,14 +13,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn json_u64(json: &str, key: &str) -> u64 {
@@ -107,8 +100,8 @@ fn large_vram_keeps_rss_low_and_sigterm_exits_cleanly() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("socket", || socket.exists());
-    wait_until("stats file", || stats.exists());
+    wait_until("socket", Duration::from_secs(20), || socket.exists());
+    wait_until("stats file", Duration::from_secs(20), || stats.exists());
     let json = std::fs::read_to_string(&stats).unwrap();
     assert_eq!(json_u64(&json, "vram_size"), 64 << 30);
     assert_eq!(json_u64(&json, "vram_allocated_bytes"), 0);
@@ -160,7 +153,7 @@ fn control_socket_arms_lists_clears_and_resets() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("control socket", || ctl.exists());
+    wait_until("control socket", Duration::from_secs(20), || ctl.exists());
     let status = request(&ctl, &ControlRequest::Status).unwrap();
     assert_eq!(status["faults"][0]["spec"], "hang,count=1", "{status}");
     assert_eq!(status["faults"][0]["remaining"], 1, "{status}");

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crc32c::crc32c;
 use p2plab_gpu::command::{Command, CommandFlags, Completion, COMMAND_SIZE, COMPLETION_SIZE};
@@ -16,6 +16,7 @@ use p2plab_gpu::pci::config_space;
 use p2plab_gpu::regs::*;
 use p2plab_gpu::status::StatusCode;
 use p2plab_gpu::{gpu_function, Vram, DEFAULT_IDS};
+use p2plab_kit::testing::wait_until;
 use p2plab_vfio_user::vfio_abi::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
@@ -47,14 +48,6 @@ fn socket_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("p2plab-gpu-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 struct Guest {
@@ -119,7 +112,7 @@ impl Guest {
         self.tail = (self.tail + 1) % 16;
         self.write32(Reg::Doorbell, self.tail);
         // The MSI-X eventfd fires when the command retires.
-        wait_until("MSI-X", || irq.read().is_ok());
+        wait_until("MSI-X", Duration::from_secs(20), || irq.read().is_ok());
         assert_eq!(self.read64(Reg::Fence), self.fence);
         self.write32(Reg::IntStatus, IntCauses::ALL.raw());
         let mut record = [0u8; COMPLETION_SIZE];
@@ -204,7 +197,9 @@ fn client_drives_the_engine_through_the_server() {
         .client
         .dma_map(0, RAM_GPA, RAM_SIZE, guest.ram.as_raw_fd())
         .unwrap();
-    wait_until("DMA map", || dma.mapping_count() == 1);
+    wait_until("DMA map", Duration::from_secs(20), || {
+        dma.mapping_count() == 1
+    });
 
     // Driver: ring in guest RAM, interrupts on.
     guest.write_dword(Reg::RingBase, Half::Low, RAM_GPA as u32);
@@ -318,7 +313,9 @@ fn client_drives_the_engine_through_the_server() {
     // Disconnect: the server resets the device and keeps listening.
     guest.client.shutdown().unwrap();
     drop(guest);
-    wait_until("reset after disconnect", || stats.stats().resets >= 1);
+    wait_until("reset after disconnect", Duration::from_secs(20), || {
+        stats.stats().resets >= 1
+    });
 
     shutdown.shutdown();
     thread.join().unwrap().unwrap();

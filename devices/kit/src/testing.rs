@@ -65,3 +65,17 @@ impl Interrupts for RecordingInterrupts {
         self.cond.notify_all();
     }
 }
+
+/// Waits until `done` holds, polling every 2 ms; panics naming `what`
+/// (the test fails) if it does not within `within`. For device tests that
+/// wait on engine threads or on a server process.
+pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

@@ -18,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use p2plab_kit::testing::wait_until;
 use p2plab_nic::descriptor::{encode, RingError, Status};
 use p2plab_nic::regs::*;
 use p2plab_server::testing::{RawClient, SpawnedServer};
@@ -64,14 +65,6 @@ fn wire_counter(status: &serde_json::Value, name: &str) -> u64 {
     status["wire"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("no wire counter {name} in {status}"))
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Stops the server and checks it exits cleanly: it never crashed.
@@ -192,7 +185,7 @@ impl Guest {
 
     /// The descriptor's status once the device wrote it.
     fn wait(&self, slot: u64) -> u16 {
-        wait_until(&format!("descriptor {slot:#x} completes"), || {
+        wait_until(&format!("descriptor {slot:#x} completes"), PATIENCE, || {
             self.status_of(slot) != 0
         });
         self.status_of(slot)
@@ -402,7 +395,7 @@ fn resets_and_bus_master_off_mid_transfer() {
             g.post(true, TX_BUF + u64::from(i * BUF_LEN), BUF_LEN, 0);
         }
         let start = counter(&server.status(), "rx_packets");
-        wait_until("frames flow", || {
+        wait_until("frames flow", PATIENCE, || {
             counter(&server.status(), "rx_packets") >= start + 2
         });
     };
@@ -512,22 +505,22 @@ fn a_hostile_wire_peer_is_cut_off_refused_and_timed_out() {
     .enumerate()
     {
         let mut peer = wire_peer(&wire);
-        wait_until("the peer is taken", || link_up(&server));
+        wait_until("the peer is taken", PATIENCE, || link_up(&server));
         peer.write_all(bytes).unwrap();
         assert!(closed_by_other_end(&mut peer), "not cut off");
-        wait_until("the protocol error is counted", || {
+        wait_until("the protocol error is counted", PATIENCE, || {
             wire_counter(&server.status(), "protocol_errors") == n as u64 + 1
         });
-        wait_until("link down", || !link_up(&server));
+        wait_until("link down", PATIENCE, || !link_up(&server));
     }
 
     // A good peer; an intruder meanwhile is refused.
     let mut peer = wire_peer(&wire);
-    wait_until("the good peer is taken", || link_up(&server));
+    wait_until("the good peer is taken", PATIENCE, || link_up(&server));
     let mut intruder = wire_peer(&wire);
     let _ = intruder.write_all(&Frame::new(vec![0xdd; 64]).encode());
     assert!(closed_by_other_end(&mut intruder), "intruder kept");
-    wait_until("the refusal is counted", || {
+    wait_until("the refusal is counted", PATIENCE, || {
         wire_counter(&server.status(), "peers_refused") == 1
     });
     assert!(link_up(&server), "the intruder took the link");
@@ -582,14 +575,16 @@ fn a_hostile_wire_peer_is_cut_off_refused_and_timed_out() {
         }
     }
     assert_eq!(g.wait(last), Status::LinkDown.code());
-    wait_until("link down after the timeout", || !link_up(&server));
+    wait_until("link down after the timeout", PATIENCE, || {
+        !link_up(&server)
+    });
     let status = server.status();
     assert_eq!(wire_counter(&status, "send_timeouts"), 1, "{status}");
     drop(peer);
 
     // A peer that connects after that is taken.
     let mut peer = wire_peer(&wire);
-    wait_until("a new peer is taken", || link_up(&server));
+    wait_until("a new peer is taken", PATIENCE, || link_up(&server));
     let slot = g.post(false, RX_BUF, BUF_LEN, 0);
     peer.write_all(&Frame::new(vec![0x66; 10]).encode())
         .unwrap();

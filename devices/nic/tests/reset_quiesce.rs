@@ -4,10 +4,11 @@
 //! fake guest memory: no socket, no QEMU.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use p2plab_dma::testing::FakeGuestMemory;
 use p2plab_dma::GuestMemory;
+use p2plab_kit::testing::wait_until;
 use p2plab_nic::descriptor::encode;
 use p2plab_nic::regs::*;
 use p2plab_nic::{nic_function, NicFunction, Wire, DEFAULT_IDS};
@@ -58,14 +59,6 @@ fn post_rx_buffers(f: &mut PciFunction<NicFunction>, ram: &FakeGuestMemory) {
     write32(f, reg::RX_DOORBELL, ENTRIES - 1);
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Catches: a NIC whose RX engine, holding a descriptor it took before a
 /// function reset, writes a frame that arrives after the reset returned
 /// into that descriptor's buffer (memory the guest driver may have freed
@@ -87,13 +80,15 @@ fn a_frame_after_reset_lands_nowhere() {
     let control = f.model().nic().control();
     for round in 0..5u64 {
         post_rx_buffers(&mut f, &ram);
-        wait_until("the RX engine takes a descriptor", || {
-            read32(&mut f, reg::STATUS) & DeviceStatus::RX_BUSY.raw() != 0
-        });
+        wait_until(
+            "the RX engine takes a descriptor",
+            Duration::from_secs(5),
+            || read32(&mut f, reg::STATUS) & DeviceStatus::RX_BUSY.raw() != 0,
+        );
         let before = control.stats();
         f.reset().unwrap();
         theirs.send(Frame::new(vec![0x5a; 512]), &|| false).unwrap();
-        wait_until("the frame is discarded", || {
+        wait_until("the frame is discarded", Duration::from_secs(5), || {
             control.stats().rx_discarded == before.rx_discarded + 1
         });
         let after = control.stats();

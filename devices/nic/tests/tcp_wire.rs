@@ -8,9 +8,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use p2plab_kit::testing::wait_until;
 use p2plab_server::testing::SpawnedServer;
+use p2plab_wire::testing::free_tcp_port;
 
 const KEY: &str = "6b1f0c3a9d7e2f4a8b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a";
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -44,31 +46,16 @@ fn wire_counter(server: &SpawnedServer, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no wire counter {name} in {status}"))
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
 #[test]
 fn two_nics_over_tcp_need_the_same_key() {
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{}", free_tcp_port());
     let listener = nic("nic-tcp-a", format!("tcp-listen:{addr}"), KEY);
     assert!(!link_up(&listener), "up with no peer");
 
     // Another key: refused at the handshake, the link stays down.
     let other = KEY.replace('6', "7").leak();
     let stranger = nic("nic-tcp-x", format!("tcp-connect:{addr}"), other);
-    wait_until("the stranger is refused", || {
+    wait_until("the stranger is refused", PATIENCE, || {
         wire_counter(&listener, "peers_refused") >= 1
     });
     assert!(!link_up(&listener), "a NIC with another key got the link");
@@ -77,7 +64,7 @@ fn two_nics_over_tcp_need_the_same_key() {
 
     // The same key: up on both ends.
     let dialer = nic("nic-tcp-b", format!("tcp-connect:{addr}"), KEY);
-    wait_until("the link comes up on both ends", || {
+    wait_until("the link comes up on both ends", PATIENCE, || {
         link_up(&listener) && link_up(&dialer)
     });
 }

@@ -22,3 +22,13 @@ pub fn closed_by_other_end(stream: &mut TcpStream, within: Duration) -> bool {
         }
     }
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a test's
+/// `tcp-listen:` (the kernel picks it; a race with another process taking
+/// it in between makes the test fail at bind, loudly).
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free TCP port on 127.0.0.1: {e}"))
+}
