@@ -96,6 +96,8 @@ hostile() {
   pid=$!
   (
     for i in $(seq 100); do exec 3<>/dev/tcp/127.0.0.1/18730 && break; sleep 0.2; done 2>/dev/null
+    # Its hello first: closing with it unread would reset the connection.
+    head -c 72 <&3 >/dev/null
     printf "%b" "$bytes" >&3
     sleep "$hold"
   )

@@ -471,11 +471,21 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-/// The key=value lines of one `p2plab-efa-check` run the guest saved.
+/// The `key=value` lines of one `p2plab-efa-check` run the guest saved
+/// (lower-case keys; its messages on stderr are in the same file).
 fn tool_facts(dir: &Path, name: &str) -> std::collections::BTreeMap<String, String> {
     let path = dir.join(format!("{name}.txt"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    p2plab_lab::facts::parse(&text)
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            let is_key = !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            is_key.then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect()
 }
 
 /// A counter of a `p2plab-ctl ID status` file the guest saved (`wire.NAME`
