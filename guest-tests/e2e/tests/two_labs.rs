@@ -33,9 +33,40 @@
 //!    not go over it (a loopback shortcut), a wire that reconnected or
 //!    refused its peer meanwhile.
 //!
-//! GPU memory to GPU memory over the two labs needs dma-buf MRs on the EFA
-//! (another branch); the guest script marks where those runs go, and
-//! `efa-tcp` already puts a GPU beside each EFA.
+//! 4. GPU memory to GPU memory across the labs, both ways: `p2plab-efa-check
+//!    gpu-xfer --role src` in one guest, `--role dst` in the other, each
+//!    with dma-buf MRs of its own gpu0's VRAM on its own efa_0, exchanging
+//!    QPN, GID, rkey, address, length and CRC over the guests' IP link
+//!    (lab A listens). 4 MiB of a seeded pattern go A -> B in SRD SENDs,
+//!    then B RDMA-reads A's buffer; then the same B -> A. Both ends verify;
+//!    the destination GPU engine's CRC32C of what it received and of what
+//!    it read equal the source GPU engine's CRC of its buffer, which equals
+//!    the pattern's; the source heard the destination's CRCs back.
+//!    Catches: dma-buf MRs that cannot be used across two processes on two
+//!    labs (an rkey or address the wire's peer cannot use, a GID or QPN
+//!    from the exchange the EFA does not route by), data lost, altered or
+//!    misplaced between two GPUs over TCP, an out-of-band exchange that
+//!    mixes up its fields.
+//! 5. The servers' counters around each direction (`p2plab-ctl efa0|gpu0
+//!    status` in each guest, `--guest-control efa0,gpu0`): each lab's efa0
+//!    moved exactly 2 × 4 MiB to or from its GPU's BAR (`peer_bar_bytes`),
+//!    at least that by the zero-copy peer path (`dma_peer_*`), nothing by
+//!    DMA messages through QEMU and guest RAM only for descriptors and
+//!    completions; the source GPU served 2 × 4 MiB to peers and took none,
+//!    the destination GPU took 2 × 4 MiB and served none; the source lab's
+//!    wire sent at least the payload and the other lab's took it, with no
+//!    reconnection and no protocol error.
+//!    Catches: GPU payload bounced through guest RAM or QEMU on either
+//!    side, a transfer that did not cross the TCP wire, a wire that
+//!    reconnected mid-transfer.
+//! 6. Lab A alone: a `--role dst --listen 127.0.0.1:...` end fed by a
+//!    hostile peer (bash over /dev/tcp): six bytes of a hello then EOF, a
+//!    whole hello announcing 1 GiB for 1 MiB buffers, a connection that
+//!    stays silent past `--timeout 5`. Each ends with exit 2 and a
+//!    `peer_error=` that names what was wrong (the byte counts, the
+//!    lengths, the timeout), and goes no further.
+//!    Catches: an out-of-band exchange that hangs on a short read or a
+//!    silent peer, or trusts a length beyond its buffers.
 
 mod common;
 
@@ -56,6 +87,9 @@ const GUEST_A: &str = "192.168.77.1";
 const GUEST_B: &str = "192.168.77.2";
 const WIRE_PORT: u16 = 18600;
 const GUEST_NET_PORT: u16 = 18700;
+/// Bytes of each GPU-to-GPU transfer, and its SEND size (the guest script's).
+const GPU_SIZE: u64 = 4 << 20;
+const GPU_MSG: u64 = 8192;
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -262,7 +296,7 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
         .unwrap();
         let stdout = work.join(format!("{name}.out"));
         let exec = format!(
-            "bash /mnt/host/two-labs.sh {} {} {} {} {ITERS}",
+            "bash /mnt/host/two-labs.sh {} {} {} {} {ITERS} {GPU_SIZE}",
             args[0], args[1], args[2], args[3]
         );
         let child = Command::new("ip")
@@ -274,6 +308,7 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
             .arg("--efa-wire-key")
             .arg(&key)
             .args(["--efa-gid", gid])
+            .args(["--guest-control", "efa0,gpu0"])
             .arg("--share")
             .arg(&share)
             .arg("--state")
@@ -399,6 +434,202 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
     assert!(wire(&a, "bytes_received") >= ITERS * SEND_SIZE, "{a}");
     assert!(wire(&b, "bytes_received") >= ITERS * READ_SIZE, "{b}");
 
+    // 4-6. GPU memory to GPU memory across the labs, and hostile peers.
+    let share_a = work.join("share-a/server");
+    let share_b = work.join("share-b/client");
+    check_gpu_transfer("A -> B", &share_a, &share_b, "gpu_ab");
+    check_gpu_transfer("B -> A", &share_b, &share_a, "gpu_ba");
+    for (facts, out) in [(&facts_a, &out_a), (&facts_b, &out_b)] {
+        assert_eq!(fact(facts, out, "GPU_AB_EXIT"), "0", "gpu-xfer A -> B");
+        assert_eq!(fact(facts, out, "GPU_BA_EXIT"), "0", "gpu-xfer B -> A");
+    }
+    for (name, words) in [
+        (
+            "hostile_short",
+            "the peer closed the connection after 6 of the 72 bytes of its hello",
+        ),
+        (
+            "hostile_length",
+            "the peer would send 1073741824 bytes: beyond this end's 1048576-byte buffers",
+        ),
+        (
+            "hostile_silent",
+            "timed out after 5 s waiting for the peer's hello (0 of 72 bytes)",
+        ),
+    ] {
+        let key = format!("{}_EXIT", name.to_uppercase());
+        assert_eq!(fact(&facts_a, &out_a, &key), "2", "{name}");
+        let end = tool_facts(&share_a, name);
+        let error = end
+            .get("peer_error")
+            .unwrap_or_else(|| panic!("{name}: no peer_error: {end:?}"));
+        assert!(error.starts_with(words), "{name}: {error}");
+        assert!(!end.contains_key("verify"), "{name} went on: {end:?}");
+    }
+
     drop(ns);
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The `key=value` lines of one `p2plab-efa-check` run the guest saved
+/// (lower-case keys; its messages on stderr are in the same file).
+fn tool_facts(dir: &Path, name: &str) -> std::collections::BTreeMap<String, String> {
+    let path = dir.join(format!("{name}.txt"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            let is_key = !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            is_key.then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// A counter of a `p2plab-ctl ID status` file the guest saved (`wire.NAME`
+/// for the wire's).
+fn status_counter(dir: &Path, file: &str, name: &str) -> u64 {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let json: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()));
+    let value = match name.strip_prefix("wire.") {
+        Some(wire) => &json["wire"][wire],
+        None => &json[name],
+    };
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{} has no counter {name}: {json}", path.display()))
+}
+
+/// Steps 4 and 5 for one direction: `p2plab-efa-check gpu-xfer --role src`
+/// in the lab whose share is `src`, `--role dst` in `dst`'s.
+fn check_gpu_transfer(what: &str, src: &Path, dst: &Path, name: &str) {
+    let messages = GPU_SIZE / GPU_MSG;
+    let s = tool_facts(src, name);
+    let d = tool_facts(dst, name);
+    let get = |end: &std::collections::BTreeMap<String, String>, side: &str, key: &str| {
+        end.get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{what} {side}: no {key} in {end:?}"))
+    };
+    let num = |end, side, key| -> u64 {
+        let text = get(end, side, key);
+        text.parse()
+            .unwrap_or_else(|_| panic!("{what} {side}: {key}={text}"))
+    };
+    // 4. Both ends verified; the destination's GPU CRCs are the source's.
+    for (end, side) in [(&s, "src"), (&d, "dst")] {
+        assert_eq!(get(end, side, "verify"), "ok", "{what} {side}: {end:?}");
+        assert_eq!(get(end, side, "dereg"), "ok", "{what} {side}");
+        assert_eq!(num(end, side, "bytes"), GPU_SIZE, "{what} {side}");
+        assert_eq!(num(end, side, "messages"), messages, "{what} {side}");
+    }
+    assert_eq!(get(&s, "src", "role"), "src");
+    assert_eq!(get(&d, "dst", "role"), "dst");
+    assert_eq!(num(&s, "src", "send_ok"), messages, "{what}");
+    assert_eq!(num(&d, "dst", "recv_ok"), messages, "{what}");
+    assert_eq!(num(&d, "dst", "missing"), 0, "{what}");
+    assert_eq!(num(&d, "dst", "duplicates"), 0, "{what}");
+    assert_eq!(num(&d, "dst", "read_bytes"), GPU_SIZE, "{what}");
+    let expected = get(&s, "src", "expected_crc");
+    assert_ne!(expected, "0x00000000");
+    assert_eq!(
+        get(&s, "src", "src_crc"),
+        expected,
+        "{what}: the source GPU's CRC"
+    );
+    for key in ["peer_crc", "dst_crc", "read_crc"] {
+        assert_eq!(
+            get(&d, "dst", key),
+            expected,
+            "{what}: the destination's {key}"
+        );
+    }
+    for key in ["peer_dst_crc", "peer_read_crc"] {
+        assert_eq!(
+            get(&s, "src", key),
+            expected,
+            "{what}: {key} as the source heard it"
+        );
+    }
+    // The ends found each other by what they exchanged: each one's peer
+    // QPN is a QP of the other lab (the GIDs were checked in step 1).
+    assert_ne!(num(&s, "src", "peer_qpn"), 0);
+    assert_ne!(num(&d, "dst", "peer_qpn"), 0);
+
+    // 5. The servers' counters around the run, in each lab.
+    let delta = |dir: &Path, device: &str, counter: &str| -> u64 {
+        let before = status_counter(dir, &format!("before-{name}-{device}.json"), counter);
+        let after = status_counter(dir, &format!("after-{name}-{device}.json"), counter);
+        after.checked_sub(before).unwrap_or_else(|| {
+            panic!("{what}: {device} {counter} went back from {before} to {after}")
+        })
+    };
+    // SENDs and read responses out of the source's VRAM, into the
+    // destination's: twice the payload through each EFA's peer BAR.
+    let payload = 2 * GPU_SIZE;
+    for (dir, side) in [(src, "src"), (dst, "dst")] {
+        assert_eq!(
+            delta(dir, "efa0", "peer_bar_bytes"),
+            payload,
+            "{what} {side}: payload to or from the GPU's BAR"
+        );
+        for counter in ["dma_message_read_bytes", "dma_message_write_bytes"] {
+            assert_eq!(
+                delta(dir, "efa0", counter),
+                0,
+                "{what} {side} {counter}: through QEMU"
+            );
+        }
+        let ram =
+            delta(dir, "efa0", "dma_mmap_read_bytes") + delta(dir, "efa0", "dma_mmap_write_bytes");
+        assert!(
+            ram < GPU_SIZE / 16,
+            "{what} {side}: {ram} bytes of guest RAM, more than descriptors and completions"
+        );
+        assert_eq!(
+            delta(dir, "efa0", "wire.connections"),
+            0,
+            "{what} {side}: the wire reconnected"
+        );
+        assert_eq!(
+            delta(dir, "efa0", "wire.protocol_errors"),
+            0,
+            "{what} {side}"
+        );
+    }
+    assert!(
+        delta(src, "efa0", "dma_peer_read_bytes") >= payload,
+        "{what}"
+    );
+    assert!(
+        delta(dst, "efa0", "dma_peer_write_bytes") >= payload,
+        "{what}"
+    );
+    assert_eq!(
+        delta(src, "gpu0", "peer_inbound_read_bytes"),
+        payload,
+        "{what}"
+    );
+    assert_eq!(delta(src, "gpu0", "peer_inbound_write_bytes"), 0, "{what}");
+    assert_eq!(
+        delta(dst, "gpu0", "peer_inbound_write_bytes"),
+        payload,
+        "{what}"
+    );
+    assert_eq!(delta(dst, "gpu0", "peer_inbound_read_bytes"), 0, "{what}");
+    assert_eq!(delta(src, "efa0", "send_bytes"), GPU_SIZE, "{what}");
+    assert_eq!(delta(src, "efa0", "read_resp_bytes"), GPU_SIZE, "{what}");
+    assert_eq!(delta(dst, "efa0", "recv_bytes"), GPU_SIZE, "{what}");
+    assert_eq!(delta(dst, "efa0", "read_bytes"), GPU_SIZE, "{what}");
+    // The TCP wire carried them: the source's lab sent, the other took,
+    // the payload at least (headers and acks on top).
+    assert!(delta(src, "efa0", "wire.bytes_sent") >= payload, "{what}");
+    assert!(
+        delta(dst, "efa0", "wire.bytes_received") >= payload,
+        "{what}"
+    );
 }

@@ -43,6 +43,31 @@
  *       expected_crc, src_crc, dst_crc, read_crc, verify, first_error_status,
  *       first_vendor_err, ms. When a registration is refused: reg_errno=,
  *       reg_error= and exit 3.
+ *   p2plab-efa-check gpu-xfer --listen [ADDR:]PORT|--connect HOST:PORT
+ *                   --role src|dst [--dev efa_0] [--gpu /dev/p2plab-gpu0]
+ *                   [--size BYTES] [--msg BYTES] [--seed N] [--window N]
+ *                   [--timeout SECONDS]
+ *       One end of gpu-xfer, the other end another process with its own
+ *       EFA and GPU (another guest, e.g. another lab joined by the EFA wire
+ *       over TCP). The two ends exchange QPN, GID, rkey, address, length,
+ *       SEND size and the source's CRC over one TCP connection (the
+ *       guests' IP link), then the source SENDs its VRAM into the
+ *       destination's, the destination RDMA-reads it into a second buffer,
+ *       checksums both with its GPU engine against the source's GPU CRC,
+ *       and sends its result back; the source exits after it (its MR
+ *       stays registered for the read). The destination's --size is what
+ *       its buffers hold: the source may send less, never more. Every wait
+ *       on the peer ends after --timeout seconds (default 120); a peer that
+ *       closes early, sends a frame that is not ours, a length beyond the
+ *       buffers or a SEND size other than the receives posted is reported
+ *       as peer_error=TEXT, exit 2.
+ *       key=value lines: role, gpu_pci, listening, peer_gid, peer_qpn,
+ *       messages, bytes, msg, ms, verify, first_error_status,
+ *       first_vendor_err, dereg; the source: send_ok, expected_crc (the
+ *       pattern's), src_crc (its GPU engine's), peer_status, peer_recv_ok,
+ *       peer_read_bytes, peer_dst_crc, peer_read_crc; the destination:
+ *       recv_ok, out_of_order, duplicates, missing, read_bytes, peer_crc,
+ *       dst_crc, read_crc. Exit 0 only if both ends verified.
  *   p2plab-efa-check gpu-pinned [--src efa_0] [--dst efa_1]
  *                   [--gpu /dev/p2plab-gpu1] [--size BYTES] [--msg BYTES]
  *       What the GPU's dma-buf exporter does while the EFA driver's pinned
@@ -71,6 +96,7 @@
  *       the slots they landed in (sent_crc), the read-back against the
  *       pattern (expected_crc). Exit 0 only if all completed and matched.
  */
+#define _GNU_SOURCE
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -80,9 +106,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <stdarg.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <infiniband/efadv.h>
 #include <infiniband/verbs.h>
@@ -214,17 +247,22 @@ static void side_open(struct side *s, const char *name, uint32_t depth)
 		die("ibv_modify_qp RTS", errno);
 }
 
-static void side_connect(struct side *s, const struct side *peer)
+static void side_connect_gid(struct side *s, const union ibv_gid *gid)
 {
 	struct ibv_ah_attr ah = { 0 };
 
 	ah.is_global = 1;
 	ah.port_num = 1;
-	ah.grh.dgid = peer->gid;
+	ah.grh.dgid = *gid;
 	ah.grh.sgid_index = 0;
 	s->ah = ibv_create_ah(s->pd, &ah);
 	if (!s->ah)
 		die("ibv_create_ah", errno);
+}
+
+static void side_connect(struct side *s, const struct side *peer)
+{
+	side_connect_gid(s, &peer->gid);
 }
 
 static struct ibv_mr *reg(struct side *s, void *buf, size_t len, int access)
@@ -689,8 +727,8 @@ static int send_all(struct side *src, struct side *dst, uint32_t skey, uint64_t 
 	return failed || r->missing || r->duplicates;
 }
 
-/* RDMA reads [raddr, rkey) of @src into [laddr, lkey) on @dst; bytes read OK. */
-static uint64_t read_all(struct side *dst, struct side *src, uint32_t rkey, uint64_t raddr,
+/* RDMA reads [raddr, rkey) of QP @src_qpn into [laddr, lkey) on @dst; bytes read OK. */
+static uint64_t read_all(struct side *dst, uint32_t src_qpn, uint32_t rkey, uint64_t raddr,
 			 uint32_t lkey, uint64_t laddr, uint64_t size)
 {
 	uint64_t chunk = dst->max_rdma < (1u << 20) ? dst->max_rdma : (1u << 20), off, done = 0;
@@ -706,7 +744,7 @@ static uint64_t read_all(struct side *dst, struct side *src, uint32_t rkey, uint
 		dst->qpx->wr_flags = IBV_SEND_SIGNALED;
 		ibv_wr_rdma_read(dst->qpx, rkey, raddr + off);
 		ibv_wr_set_sge(dst->qpx, lkey, laddr + off, len);
-		ibv_wr_set_ud_addr(dst->qpx, dst->ah, src->qp->qp_num, QKEY);
+		ibv_wr_set_ud_addr(dst->qpx, dst->ah, src_qpn, QKEY);
 		err = ibv_wr_complete(dst->qpx);
 		if (err)
 			die("ibv_wr_complete (read)", err);
@@ -723,6 +761,8 @@ static uint64_t read_all(struct side *dst, struct side *src, uint32_t rkey, uint
 	return done;
 }
 
+static int cmd_gpu_xfer_end(int argc, char **argv);
+
 static int cmd_gpu_xfer(int argc, char **argv)
 {
 	const char *src_name = "efa_0", *dst_name = "efa_1";
@@ -738,6 +778,9 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	uint8_t *pattern;
 	int sgpu, dgpu, failed, a;
 
+	for (a = 2; a < argc; a++)
+		if (!strcmp(argv[a], "--listen") || !strcmp(argv[a], "--connect"))
+			return cmd_gpu_xfer_end(argc, argv);
 	for (a = 2; a < argc; a++) {
 		if (!strcmp(argv[a], "--src") && a + 1 < argc)
 			src_name = argv[++a];
@@ -799,7 +842,7 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	failed = send_all(&src, &dst, smr->lkey, GPU_IOVA, dmr->lkey, GPU_IOVA, count, msg,
 			  window, slot_msg, &r);
 	if (!failed)
-		read_bytes = read_all(&dst, &src, smr->rkey, GPU_IOVA, rmr->lkey, GPU_IOVA, size);
+		read_bytes = read_all(&dst, src.qp->qp_num, smr->rkey, GPU_IOVA, rmr->lkey, GPU_IOVA, size);
 	printf("ms=%" PRIu64 "\n", now_ms() - t0);
 	failed |= read_bytes != size;
 
@@ -830,6 +873,618 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
 	if (ibv_dereg_mr(smr) || ibv_dereg_mr(dmr) || ibv_dereg_mr(rmr))
 		die("ibv_dereg_mr", errno);
+	printf("dereg=ok\n");
+	return failed ? 1 : 0;
+}
+
+/* ---- gpu-xfer with one end per process (two labs) --------------------- */
+
+/*
+ * The out-of-band exchange of `gpu-xfer --listen|--connect`, over one TCP
+ * connection between the two guests' IP addresses. Fixed-size frames,
+ * big-endian fields; every field the peer sends is checked before use.
+ *
+ * hello (each end sends one): magic, version, role (1 source, 2
+ * destination), QPN, GID[16], size (the source: bytes it sends; the
+ * destination: what each of its buffers holds), msg (SEND size), addr and
+ * rkey (the source's MR, for the RDMA read), crc (the source: the GPU
+ * engine's CRC32C of its buffer).
+ * result (the destination sends one when done, then the source exits):
+ * magic, kind, status (0 ok), recv_ok, read_bytes, dst_crc, read_crc.
+ */
+#define XLAB_MAGIC 0x50324c58u	/* "P2LX" */
+#define XLAB_VERSION 1u
+#define XLAB_RESULT 0x52534c54u	/* "RSLT" */
+#define XLAB_HELLO_LEN 72
+#define XLAB_RESULT_LEN 40
+#define XLAB_ROLE_SRC 1u
+#define XLAB_ROLE_DST 2u
+
+struct xlab_hello {
+	uint32_t role, qpn, rkey, crc;
+	union ibv_gid gid;
+	uint64_t size, msg, addr;
+};
+
+struct xlab_result {
+	uint32_t status, dst_crc, read_crc;
+	uint64_t recv_ok, read_bytes;
+};
+
+/* Set by --timeout: each wait on the peer (connect, accept, a frame). */
+static int xlab_timeout_s = 120;
+
+/* A failure caused by the peer or the link: a fact line, a message, exit 2. */
+static void xlab_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void xlab_fail(const char *fmt, ...)
+{
+	char text[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	printf("peer_error=%s\n", text);
+	fprintf(stderr, "p2plab-efa-check: %s\n", text);
+	exit(2);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	v = htobe32(v);
+	memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	v = htobe64(v);
+	memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return be32toh(v);
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return be64toh(v);
+}
+
+/* The socket's waits end after --timeout seconds (SO_RCVTIMEO/SO_SNDTIMEO). */
+static void xlab_set_timeouts(int fd)
+{
+	struct timeval tv = { .tv_sec = xlab_timeout_s };
+
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)))
+		die("setsockopt (timeouts)", errno);
+}
+
+/* Splits [ADDR:]PORT or HOST:PORT; a bad port exits 2. */
+static void xlab_split(const char *text, char *host, size_t host_len, char *port,
+		       size_t port_len, const char *default_host)
+{
+	const char *colon = strrchr(text, ':');
+	const char *p = colon ? colon + 1 : text;
+	char *end;
+	unsigned long n = strtoul(p, &end, 10);
+
+	if (!*p || *end || n == 0 || n > 65535) {
+		fprintf(stderr, "p2plab-efa-check: bad port in %s\n", text);
+		exit(2);
+	}
+	snprintf(port, port_len, "%lu", n);
+	if (colon && (size_t)(colon - text) < host_len && colon != text)
+		snprintf(host, host_len, "%.*s", (int)(colon - text), text);
+	else if (colon)
+		xlab_fail("bad host in %s", text);
+	else
+		snprintf(host, host_len, "%s", default_host);
+}
+
+static struct addrinfo *xlab_resolve(const char *host, const char *port, int passive)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = passive ? AI_PASSIVE : 0 };
+	struct addrinfo *ai;
+	int err = getaddrinfo(host, port, &hints, &ai);
+
+	if (err)
+		xlab_fail("cannot resolve %s:%s: %s", host, port, gai_strerror(err));
+	return ai;
+}
+
+/* Waits --timeout seconds for one peer on [ADDR:]PORT; its socket. */
+static int xlab_listen(const char *where)
+{
+	char host[128], port[8];
+	struct addrinfo *ai;
+	struct pollfd pfd;
+	int fd, conn, one = 1, n;
+
+	xlab_split(where, host, sizeof(host), port, sizeof(port), "0.0.0.0");
+	ai = xlab_resolve(host, port, 1);
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		die("socket", errno);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 1))
+		xlab_fail("cannot listen on %s:%s: %s", host, port, strerror(errno));
+	freeaddrinfo(ai);
+	printf("listening=%s:%s\n", host, port);
+	pfd.fd = fd;
+	pfd.events = POLLIN;
+	do {
+		n = poll(&pfd, 1, xlab_timeout_s * 1000);
+	} while (n < 0 && errno == EINTR);
+	if (n == 0)
+		xlab_fail("no peer connected to %s:%s within %d s", host, port, xlab_timeout_s);
+	if (n < 0)
+		die("poll", errno);
+	conn = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+	if (conn < 0)
+		xlab_fail("accept on %s:%s: %s", host, port, strerror(errno));
+	close(fd);
+	xlab_set_timeouts(conn);
+	setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return conn;
+}
+
+/* Dials HOST:PORT until the peer listens, for --timeout seconds; its socket. */
+static int xlab_connect(const char *where)
+{
+	char host[128], port[8];
+	struct addrinfo *ai;
+	uint64_t deadline = now_ms() + (uint64_t)xlab_timeout_s * 1000;
+	int fd, one = 1, err = 0;
+
+	xlab_split(where, host, sizeof(host), port, sizeof(port), "");
+	if (!*host)
+		xlab_fail("--connect needs HOST:PORT, got %s", where);
+	ai = xlab_resolve(host, port, 0);
+	for (;;) {
+		fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			die("socket", errno);
+		xlab_set_timeouts(fd);
+		if (!connect(fd, ai->ai_addr, ai->ai_addrlen))
+			break;
+		err = errno;
+		close(fd);
+		if (now_ms() > deadline)
+			xlab_fail("cannot connect to %s:%s within %d s: %s", host, port,
+				  xlab_timeout_s, strerror(err));
+		sleep(1);
+	}
+	freeaddrinfo(ai);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+/* Reads exactly @len bytes of the peer's @what; EOF, a timeout or an error exits 2. */
+static void xlab_read(int fd, uint8_t *buf, size_t len, const char *what)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = recv(fd, buf + got, len - got, 0);
+
+		if (n > 0) {
+			got += (size_t)n;
+		} else if (n == 0) {
+			xlab_fail("the peer closed the connection after %zu of the %zu bytes of its %s",
+				  got, len, what);
+		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			xlab_fail("timed out after %d s waiting for the peer's %s (%zu of %zu bytes)",
+				  xlab_timeout_s, what, got, len);
+		} else if (errno != EINTR) {
+			xlab_fail("reading the peer's %s: %s", what, strerror(errno));
+		}
+	}
+}
+
+static void xlab_write(int fd, const uint8_t *buf, size_t len, const char *what)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = send(fd, buf + done, len - done, MSG_NOSIGNAL);
+
+		if (n > 0)
+			done += (size_t)n;
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else
+			xlab_fail("sending our %s: %s", what,
+				  n < 0 && errno == EAGAIN ? "timed out" : strerror(errno));
+	}
+}
+
+static void xlab_send_hello(int fd, const struct xlab_hello *h)
+{
+	uint8_t b[XLAB_HELLO_LEN] = { 0 };
+
+	put32(b, XLAB_MAGIC);
+	put32(b + 4, XLAB_VERSION);
+	put32(b + 8, h->role);
+	put32(b + 12, h->qpn);
+	memcpy(b + 16, h->gid.raw, 16);
+	put64(b + 32, h->size);
+	put64(b + 40, h->msg);
+	put64(b + 48, h->addr);
+	put32(b + 56, h->rkey);
+	put32(b + 60, h->crc);
+	xlab_write(fd, b, sizeof(b), "hello");
+}
+
+/* The peer's hello, checked for the @role it must have. */
+static void xlab_recv_hello(int fd, uint32_t role, struct xlab_hello *h)
+{
+	uint8_t b[XLAB_HELLO_LEN];
+
+	xlab_read(fd, b, sizeof(b), "hello");
+	if (get32(b) != XLAB_MAGIC)
+		xlab_fail("the peer's hello has magic %#x, not %#x (not p2plab-efa-check?)",
+			  get32(b), XLAB_MAGIC);
+	if (get32(b + 4) != XLAB_VERSION)
+		xlab_fail("the peer speaks version %u, this end %u", get32(b + 4), XLAB_VERSION);
+	h->role = get32(b + 8);
+	if (h->role != role)
+		xlab_fail("the peer's role is %u, expected %u (one end --role src, the other dst)",
+			  h->role, role);
+	h->qpn = get32(b + 12);
+	if (h->qpn == 0 || h->qpn >= (1u << 24))
+		xlab_fail("the peer's QPN %#x is not a QP number", h->qpn);
+	memcpy(h->gid.raw, b + 16, 16);
+	h->size = get64(b + 32);
+	h->msg = get64(b + 40);
+	h->addr = get64(b + 48);
+	h->rkey = get32(b + 56);
+	h->crc = get32(b + 60);
+}
+
+static void xlab_send_result(int fd, const struct xlab_result *r)
+{
+	uint8_t b[XLAB_RESULT_LEN] = { 0 };
+
+	put32(b, XLAB_MAGIC);
+	put32(b + 4, XLAB_RESULT);
+	put32(b + 8, r->status);
+	put32(b + 12, r->dst_crc);
+	put64(b + 16, r->recv_ok);
+	put64(b + 24, r->read_bytes);
+	put32(b + 32, r->read_crc);
+	xlab_write(fd, b, sizeof(b), "result");
+}
+
+static void xlab_recv_result(int fd, uint64_t count, uint64_t size, struct xlab_result *r)
+{
+	uint8_t b[XLAB_RESULT_LEN];
+
+	xlab_read(fd, b, sizeof(b), "result");
+	if (get32(b) != XLAB_MAGIC || get32(b + 4) != XLAB_RESULT)
+		xlab_fail("the peer's result frame has magic %#x kind %#x", get32(b), get32(b + 4));
+	r->status = get32(b + 8);
+	r->dst_crc = get32(b + 12);
+	r->recv_ok = get64(b + 16);
+	r->read_bytes = get64(b + 24);
+	r->read_crc = get32(b + 32);
+	if (r->recv_ok > count || r->read_bytes > size)
+		xlab_fail("the peer reports %" PRIu64 " messages and %" PRIu64
+			  " bytes read, beyond the %" PRIu64 " messages and %" PRIu64 " bytes sent",
+			  r->recv_ok, r->read_bytes, count, size);
+}
+
+/* The source's SENDs: @count of @msg bytes to QP @qpn, @window outstanding. */
+static int xlab_send(struct side *s, uint32_t qpn, uint32_t lkey, uint64_t addr, uint64_t count,
+		     uint64_t msg, uint32_t window, uint64_t *send_ok)
+{
+	uint64_t sent = 0, deadline = now_ms() + TIMEOUT_MS;
+	int failed = 0;
+
+	*send_ok = 0;
+	while (*send_ok < count && !failed) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		while (sent < count && sent - *send_ok < window) {
+			post_send(s, qpn, sent, (uint32_t)sent, lkey,
+				  (void *)(uintptr_t)(addr + sent * msg), msg);
+			sent++;
+		}
+		n = ibv_poll_cq(s->cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+			} else {
+				(*send_ok)++;
+			}
+		}
+		if (now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: SENDs timed out (%" PRIu64 " of %" PRIu64
+				" completed)\n", *send_ok, count);
+			failed = 1;
+		}
+	}
+	return failed;
+}
+
+/*
+ * The destination's receives: @posted of the @count slots are posted
+ * already (before the hello, so no SEND meets an empty queue); the rest
+ * as slots complete. slot_msg[k]: the message slot k got.
+ */
+static int xlab_recv(struct side *d, uint32_t lkey, uint64_t addr, uint64_t count, uint64_t msg,
+		     uint64_t posted, uint64_t *slot_msg, struct send_result *r)
+{
+	uint64_t deadline = now_ms() + TIMEOUT_MS, i;
+	uint8_t *seen = calloc(count, 1);
+	int failed = 0;
+
+	if (!seen)
+		die("calloc", ENOMEM);
+	memset(r, 0, sizeof(*r));
+	while (r->recv_ok < count && !failed) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		n = ibv_poll_cq(d->cq, 16, wc);
+		for (k = 0; k < n; k++) {
+			uint64_t slot = wc[k].wr_id, j;
+
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				failed = 1;
+				continue;
+			}
+			j = be32toh(wc[k].imm_data);
+			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || slot >= count ||
+			    wc[k].byte_len != msg) {
+				failed = 1;
+				continue;
+			}
+			r->duplicates += seen[j];
+			seen[j] = 1;
+			r->out_of_order += j != slot;
+			slot_msg[slot] = j;
+			r->recv_ok++;
+			if (posted < count) {
+				post_recv(d, posted, lkey, (void *)(uintptr_t)(addr + posted * msg), msg);
+				posted++;
+			}
+		}
+		if (now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: receives timed out (%" PRIu64 " of %" PRIu64
+				")\n", r->recv_ok, count);
+			failed = 1;
+		}
+	}
+	for (i = 0; i < count; i++)
+		r->missing += !seen[i];
+	free(seen);
+	return failed || r->missing || r->duplicates;
+}
+
+static void print_gid(const char *key, const union ibv_gid *gid)
+{
+	char text[INET6_ADDRSTRLEN];
+
+	if (!inet_ntop(AF_INET6, gid->raw, text, sizeof(text)))
+		snprintf(text, sizeof(text), "?");
+	printf("%s=%s\n", key, text);
+}
+
+/*
+ * gpu-xfer --listen [ADDR:]PORT | --connect HOST:PORT --role src|dst:
+ * one end of gpu-xfer, the other end in another process (another guest,
+ * another lab). The source's GPU buffer is SENT into the destination's,
+ * then the destination RDMA-reads it into a second buffer; the
+ * destination's GPU engine checksums both against the CRC the source's
+ * GPU engine computed.
+ */
+static int cmd_gpu_xfer_end(int argc, char **argv)
+{
+	const char *dev = "efa_0", *gpu_path = "/dev/p2plab-gpu0", *listen_at = NULL;
+	const char *connect_to = NULL, *role_name = NULL;
+	uint64_t size = 4 << 20, msg = 8192, count, posted = 0, t0, k;
+	uint32_t seed = 1, window = 64, role;
+	struct xlab_hello me = { 0 }, peer = { 0 };
+	struct xlab_result res = { 0 };
+	struct side s = { 0 };
+	char pci[32];
+	int gpu, fd, a, failed = 0;
+
+	for (a = 2; a < argc; a++) {
+		if (!strcmp(argv[a], "--listen") && a + 1 < argc)
+			listen_at = argv[++a];
+		else if (!strcmp(argv[a], "--connect") && a + 1 < argc)
+			connect_to = argv[++a];
+		else if (!strcmp(argv[a], "--role") && a + 1 < argc)
+			role_name = argv[++a];
+		else if (!strcmp(argv[a], "--dev") && a + 1 < argc)
+			dev = argv[++a];
+		else if (!strcmp(argv[a], "--gpu") && a + 1 < argc)
+			gpu_path = argv[++a];
+		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
+			size = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
+			msg = parse_size(argv[++a]);
+		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
+			seed = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
+			window = strtoul(argv[++a], NULL, 0);
+		else if (!strcmp(argv[a], "--timeout") && a + 1 < argc)
+			xlab_timeout_s = atoi(argv[++a]);
+		else {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+	}
+	if (!listen_at == !connect_to || !role_name ||
+	    (strcmp(role_name, "src") && strcmp(role_name, "dst"))) {
+		fprintf(stderr, "p2plab-efa-check: gpu-xfer needs one of --listen/--connect and --role src|dst\n");
+		return 2;
+	}
+	if (size % msg || size % 65536 || window == 0 || window > 512 || xlab_timeout_s <= 0 ||
+	    xlab_timeout_s > 3600) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, --window 1..512, --timeout 1..3600\n");
+		return 2;
+	}
+	role = strcmp(role_name, "src") ? XLAB_ROLE_DST : XLAB_ROLE_SRC;
+	count = size / msg;
+	gpu = gpu_open(gpu_path, pci, sizeof(pci));
+	printf("role=%s\ngpu_pci=%s\n", role_name, pci);
+	side_open(&s, dev, window);
+	if (msg > s.max_msg) {
+		fprintf(stderr, "p2plab-efa-check: --msg is over max_msg_sz %u\n", s.max_msg);
+		return 2;
+	}
+	me.role = role;
+	me.qpn = s.qp->qp_num;
+	me.gid = s.gid;
+	me.size = size;
+	me.msg = msg;
+
+	if (role == XLAB_ROLE_SRC) {
+		struct gpu_buf sb;
+		struct ibv_mr *smr;
+		uint8_t *pattern = alloc_buf(size);
+		uint32_t expected, src_crc;
+		uint64_t send_ok = 0;
+
+		/* The pattern goes into VRAM by the GPU's engine, not over RDMA. */
+		fill(pattern, size, seed);
+		expected = crc32c(pattern, size);
+		gpu_alloc(&sb, gpu, size);
+		gpu_job(gpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.vram_offset, size, 0);
+		src_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, sb.vram_offset, 0, size, 0);
+		smr = reg_gpu(&s, &sb, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+		me.addr = GPU_IOVA;
+		me.rkey = smr->rkey;
+		me.crc = src_crc;
+
+		fd = listen_at ? xlab_listen(listen_at) : xlab_connect(connect_to);
+		xlab_send_hello(fd, &me);
+		xlab_recv_hello(fd, XLAB_ROLE_DST, &peer);
+		print_gid("peer_gid", &peer.gid);
+		printf("peer_qpn=%u\n", peer.qpn);
+		if (peer.msg != msg)
+			xlab_fail("the peer posted %" PRIu64 "-byte receives, this end sends %" PRIu64
+				  "-byte messages", peer.msg, msg);
+		if (peer.size < size)
+			xlab_fail("the peer's buffers hold %" PRIu64 " bytes, this end sends %" PRIu64,
+				  peer.size, size);
+		side_connect_gid(&s, &peer.gid);
+
+		t0 = now_ms();
+		failed = xlab_send(&s, peer.qpn, smr->lkey, GPU_IOVA, count, msg, window, &send_ok);
+		/* The peer reads our buffer next: it stays registered until its result. */
+		xlab_recv_result(fd, count, size, &res);
+		printf("ms=%" PRIu64 "\n", now_ms() - t0);
+		failed |= src_crc != expected || res.status || res.recv_ok != count ||
+			  res.read_bytes != size || res.dst_crc != src_crc || res.read_crc != src_crc;
+		printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+		printf("send_ok=%" PRIu64 "\n", send_ok);
+		printf("expected_crc=0x%08x\nsrc_crc=0x%08x\n", expected, src_crc);
+		printf("peer_status=%u\npeer_recv_ok=%" PRIu64 "\npeer_read_bytes=%" PRIu64 "\n",
+		       res.status, res.recv_ok, res.read_bytes);
+		printf("peer_dst_crc=0x%08x\npeer_read_crc=0x%08x\n", res.dst_crc, res.read_crc);
+		printf("verify=%s\n", failed ? "bad" : "ok");
+		printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+		if (ibv_dereg_mr(smr))
+			die("ibv_dereg_mr", errno);
+	} else {
+		struct gpu_buf db, rb;
+		struct ibv_mr *dmr, *rmr;
+		struct send_result r;
+		uint64_t *slot_msg, read_bytes = 0, slots = size / msg;
+		uint32_t dst_crc, read_crc;
+
+		gpu_alloc(&db, gpu, size);
+		gpu_alloc(&rb, gpu, size);
+		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, db.vram_offset, size, 0);
+		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, rb.vram_offset, size, 0);
+		dmr = reg_gpu(&s, &db, IBV_ACCESS_LOCAL_WRITE);
+		rmr = reg_gpu(&s, &rb, IBV_ACCESS_LOCAL_WRITE);
+		while (posted < slots && posted < window) {
+			post_recv(&s, posted, dmr->lkey, (void *)(uintptr_t)(GPU_IOVA + posted * msg), msg);
+			posted++;
+		}
+
+		fd = listen_at ? xlab_listen(listen_at) : xlab_connect(connect_to);
+		xlab_send_hello(fd, &me);
+		xlab_recv_hello(fd, XLAB_ROLE_SRC, &peer);
+		print_gid("peer_gid", &peer.gid);
+		printf("peer_qpn=%u\n", peer.qpn);
+		/* What the source says it sends must fit what was posted here. */
+		if (peer.msg != msg)
+			xlab_fail("the peer sends %" PRIu64 "-byte messages, this end posted %" PRIu64
+				  "-byte receives", peer.msg, msg);
+		if (peer.size == 0 || peer.size > size || peer.size % msg || peer.size % 65536)
+			xlab_fail("the peer would send %" PRIu64 " bytes: beyond this end's %" PRIu64
+				  "-byte buffers or not whole %" PRIu64 "-byte messages and 64K",
+				  peer.size, size, msg);
+		if (peer.addr != GPU_IOVA)
+			xlab_fail("the peer's buffer starts at %#" PRIx64 ", not %#llx", peer.addr,
+				  GPU_IOVA);
+		size = peer.size;
+		count = size / msg;
+		side_connect_gid(&s, &peer.gid);
+		slot_msg = calloc(count, sizeof(*slot_msg));
+		if (!slot_msg)
+			die("calloc", ENOMEM);
+
+		t0 = now_ms();
+		failed = xlab_recv(&s, dmr->lkey, GPU_IOVA, count, msg, posted, slot_msg, &r);
+		if (!failed)
+			read_bytes = read_all(&s, peer.qpn, peer.rkey, peer.addr, rmr->lkey, GPU_IOVA,
+					      size);
+		printf("ms=%" PRIu64 "\n", now_ms() - t0);
+		failed |= read_bytes != size;
+
+		/* SRD may have put message j in slot k: the GPU's engine moves it home. */
+		if (!failed && r.out_of_order) {
+			struct gpu_buf scratch;
+
+			gpu_alloc(&scratch, gpu, size);
+			gpu_job(gpu, P2PLAB_GPU_OP_COPY_VRAM, db.vram_offset, scratch.vram_offset,
+				size, 0);
+			for (k = 0; k < count; k++)
+				if (slot_msg[k] != k)
+					gpu_job(gpu, P2PLAB_GPU_OP_COPY_VRAM,
+						scratch.vram_offset + k * msg,
+						db.vram_offset + slot_msg[k] * msg, msg, 0);
+		}
+		dst_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, db.vram_offset, 0, size, 0);
+		read_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, rb.vram_offset, 0, size, 0);
+		failed |= dst_crc != peer.crc || read_crc != peer.crc;
+		res.status = failed;
+		res.recv_ok = r.recv_ok;
+		res.read_bytes = read_bytes;
+		res.dst_crc = dst_crc;
+		res.read_crc = read_crc;
+		xlab_send_result(fd, &res);
+
+		printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+		printf("recv_ok=%" PRIu64 "\nout_of_order=%" PRIu64 "\nduplicates=%" PRIu64
+		       "\nmissing=%" PRIu64 "\n", r.recv_ok, r.out_of_order, r.duplicates, r.missing);
+		printf("read_bytes=%" PRIu64 "\n", read_bytes);
+		printf("peer_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n", peer.crc, dst_crc,
+		       read_crc);
+		printf("verify=%s\n", failed ? "bad" : "ok");
+		printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+		if (ibv_dereg_mr(dmr) || ibv_dereg_mr(rmr))
+			die("ibv_dereg_mr", errno);
+	}
+	close(fd);
 	printf("dereg=ok\n");
 	return failed ? 1 : 0;
 }
