@@ -344,6 +344,78 @@ static void post_recv(struct side *s, uint64_t id, uint32_t lkey, void *addr, ui
 		die("ibv_post_recv", err);
 }
 
+/* The options every transfer mode takes (each mode has its own defaults). */
+struct transfer_opts {
+	uint64_t size, msg;
+	uint32_t seed, window;
+};
+
+/* Takes argv[*a] and its value if it is one of them; 0 if it is not. */
+static int transfer_option(int argc, char **argv, int *a, struct transfer_opts *o)
+{
+	if (*a + 1 >= argc)
+		return 0;
+	if (!strcmp(argv[*a], "--size"))
+		o->size = parse_size(argv[++*a]);
+	else if (!strcmp(argv[*a], "--msg"))
+		o->msg = parse_size(argv[++*a]);
+	else if (!strcmp(argv[*a], "--seed"))
+		o->seed = strtoul(argv[++*a], NULL, 0);
+	else if (!strcmp(argv[*a], "--window"))
+		o->window = strtoul(argv[++*a], NULL, 0);
+	else
+		return 0;
+	return 1;
+}
+
+static int unknown_argument(const char *arg)
+{
+	fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", arg);
+	return 2;
+}
+
+/* Both ends in one process: one QP (@depth deep) on each device. */
+static void sides_open(struct side *src, struct side *dst, const char *src_name,
+		       const char *dst_name, uint32_t depth)
+{
+	side_open(src, src_name, depth);
+	side_open(dst, dst_name, depth);
+}
+
+/* Each end gets an AH to the other: SENDs go one way, RDMA reads the other. */
+static void sides_connect(struct side *src, struct side *dst)
+{
+	side_connect(src, dst);
+	side_connect(dst, src);
+}
+
+/*
+ * What the receiving end saw of a run of SENDs. send_ok counts the send
+ * completions (the window closes on them); a failed one also shows in
+ * verify= and first_error_status=.
+ */
+struct send_result {
+	uint64_t send_ok, recv_ok, out_of_order, duplicates, missing;
+};
+
+static void print_transfer(uint64_t count, uint64_t size, uint64_t msg)
+{
+	printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+}
+
+static void print_arrivals(const struct send_result *r)
+{
+	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\nmissing=%" PRIu64 "\n",
+	       r->out_of_order, r->duplicates, r->missing);
+}
+
+/* The verdict and the first failed completion (status -1: none). */
+static void print_verdict(int failed)
+{
+	printf("verify=%s\n", failed ? "bad" : "ok");
+	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
+}
+
 static int cmd_xfer(int argc, char **argv)
 {
 	const char *src_name = "efa_0", *dst_name = "efa_1";
@@ -562,19 +634,46 @@ static int cmd_send_one(int argc, char **argv)
 /* Where dma-buf MRs start in their MR's address space (any page-aligned value). */
 #define GPU_IOVA (1ull << 40)
 
-/* CRC32C (Castagnoli, reflected, as the GPU's CHECKSUM computes it). */
+/*
+ * CRC32C (Castagnoli, reflected, as the GPU's CHECKSUM computes it), by
+ * table: the bench checks every byte it moved in guest RAM.
+ */
+static uint32_t crc32c_update(uint32_t crc, const uint8_t *p, size_t len)
+{
+	static uint32_t table[256];
+	static int ready;
+	size_t i;
+
+	if (!ready) {
+		for (i = 0; i < 256; i++) {
+			uint32_t c = (uint32_t)i;
+			int k;
+
+			for (k = 0; k < 8; k++)
+				c = (c >> 1) ^ (0x82f63b78u & -(c & 1));
+			table[i] = c;
+		}
+		ready = 1;
+	}
+	crc = ~crc;
+	for (i = 0; i < len; i++)
+		crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+	return ~crc;
+}
+
 static uint32_t crc32c(const uint8_t *p, size_t len)
 {
-	uint32_t crc = ~0u;
-	size_t i;
-	int k;
+	return crc32c_update(0, p, len);
+}
 
-	for (i = 0; i < len; i++) {
-		crc ^= p[i];
-		for (k = 0; k < 8; k++)
-			crc = (crc >> 1) ^ (0x82f63b78u & -(crc & 1));
-	}
-	return ~crc;
+/* The seeded pattern every transfer mode moves, in RAM, and its CRC32C. */
+static uint8_t *pattern_make(uint64_t size, uint32_t seed, uint32_t *crc)
+{
+	uint8_t *p = alloc_buf(size);
+
+	fill(p, size, seed);
+	*crc = crc32c(p, size);
+	return p;
 }
 
 /* Runs one GPU engine job; exits on failure. */
@@ -648,117 +747,323 @@ static struct ibv_mr *reg_gpu(struct side *s, const struct gpu_buf *b, int acces
 	return mr;
 }
 
+/* Opens the two GPUs of a one-process transfer and says which they are. */
+static void gpus_open(const char *src_path, const char *dst_path, int *sgpu, int *dgpu)
+{
+	char src_pci[32], dst_pci[32];
+
+	*sgpu = gpu_open(src_path, src_pci, sizeof(src_pci));
+	*dgpu = gpu_open(dst_path, dst_pci, sizeof(dst_pci));
+	printf("src_gpu_pci=%s\ndst_gpu_pci=%s\n", src_pci, dst_pci);
+}
+
+/* CRC32C of a GPU buffer's first @len bytes, by the GPU's engine. */
+static uint32_t gpu_crc(const struct gpu_buf *b, uint64_t len)
+{
+	return gpu_job(b->gpu, P2PLAB_GPU_OP_CHECKSUM, b->vram_offset, 0, len, 0);
+}
+
 /*
- * SENDs @count messages of @msg bytes from [@saddr, lkey @skey) on @src
- * into [@daddr, lkey @dkey) on @dst, a receive per slot; slot_msg[k] is
- * the message slot k got (SRD may reorder). Returns 0 when all arrived
- * once and completed OK.
+ * SRD may have put message j in slot k: the GPU's engine moves each
+ * message home, from a scratch copy of the buffer as it landed (the CPU
+ * never touches the payload).
  */
-struct send_result {
-	uint64_t send_ok, recv_ok, out_of_order, duplicates, missing;
+static void gpu_put_home(const struct gpu_buf *b, const uint64_t *slot_msg, uint64_t count,
+			 uint64_t msg)
+{
+	struct gpu_buf scratch;
+	uint64_t k;
+
+	gpu_alloc(&scratch, b->gpu, count * msg);
+	gpu_job(b->gpu, P2PLAB_GPU_OP_COPY_VRAM, b->vram_offset, scratch.vram_offset, count * msg,
+		0);
+	for (k = 0; k < count; k++)
+		if (slot_msg[k] != k)
+			gpu_job(b->gpu, P2PLAB_GPU_OP_COPY_VRAM, scratch.vram_offset + k * msg,
+				b->vram_offset + slot_msg[k] * msg, msg, 0);
+}
+
+/*
+ * A registered buffer of a transfer: a GPU allocation's dma-buf MR (@gpu
+ * an open GPU) or a guest RAM MR (@gpu -1), at @addr in its MR.
+ */
+struct mem_buf {
+	int gpu;
+	struct gpu_buf vram;
+	uint8_t *ram;
+	uint64_t addr;
+	struct ibv_mr *mr;
 };
 
+/*
+ * Makes a buffer of @size bytes on @s holding @contents (zeros when
+ * NULL). VRAM is written by the GPU's engine, not over RDMA.
+ */
+static void mem_buf_make(struct mem_buf *b, int gpu, struct side *s, uint64_t size, int access,
+			 const uint8_t *contents)
+{
+	b->gpu = gpu;
+	if (gpu >= 0) {
+		gpu_alloc(&b->vram, gpu, size);
+		if (contents)
+			gpu_job(gpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)contents,
+				b->vram.vram_offset, size, 0);
+		else
+			gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, b->vram.vram_offset, size, 0);
+		b->mr = reg_gpu(s, &b->vram, access);
+		b->addr = GPU_IOVA;
+		b->ram = NULL;
+	} else {
+		b->ram = alloc_buf(size);
+		if (contents)
+			memcpy(b->ram, contents, size);
+		b->mr = reg(s, b->ram, size, access);
+		b->addr = (uintptr_t)b->ram;
+	}
+}
+
+/* CRC32C of a buffer's first @len bytes: the GPU's engine for VRAM, the CPU for RAM. */
+static uint32_t mem_buf_crc(const struct mem_buf *b, uint64_t len)
+{
+	if (b->gpu >= 0)
+		return gpu_crc(&b->vram, len);
+	return crc32c(b->ram, len);
+}
+
+/* Deregisters a transfer's MRs (the fact dereg=ok says they all went). */
+static void mem_bufs_dereg(struct mem_buf *a, struct mem_buf *b, struct mem_buf *c)
+{
+	if ((a && ibv_dereg_mr(a->mr)) || (b && ibv_dereg_mr(b->mr)) || (c && ibv_dereg_mr(c->mr)))
+		die("ibv_dereg_mr", errno);
+}
+
+/*
+ * The sending end of a run of SENDs: @count messages of @msg bytes from
+ * [@addr, lkey) to QP @qpn, each with its index as immediate data (SRD may
+ * reorder: the receiver puts them back by it), @window outstanding.
+ */
+struct sender {
+	struct side *s;
+	uint32_t qpn, lkey, window;
+	uint64_t addr, count, msg;
+	uint64_t sent, done, ok;	/* posted, completed, completed OK */
+};
+
+static void sender_init(struct sender *tx, struct side *s, uint32_t qpn, uint32_t lkey,
+			uint64_t addr, uint64_t count, uint64_t msg, uint32_t window)
+{
+	*tx = (struct sender){ .s = s, .qpn = qpn, .lkey = lkey, .window = window,
+			       .addr = addr, .count = count, .msg = msg };
+}
+
+/* Posts SENDs until @window are outstanding or all are posted. */
+static void sender_post(struct sender *tx)
+{
+	while (tx->sent < tx->count && tx->sent - tx->done < tx->window) {
+		post_send(tx->s, tx->qpn, tx->sent, (uint32_t)tx->sent, tx->lkey,
+			  (void *)(uintptr_t)(tx->addr + tx->sent * tx->msg), tx->msg);
+		tx->sent++;
+	}
+}
+
+/* Polls ibv_poll_cq once into @wc (up to 16); -1 (reported) if it fails. */
+static int poll_cq(struct side *s, struct ibv_wc *wc)
+{
+	int n = ibv_poll_cq(s->cq, 16, wc);
+
+	if (n < 0)
+		fprintf(stderr, "p2plab-efa-check: ibv_poll_cq on %s failed\n", s->name);
+	return n;
+}
+
+/* Takes the send completions there are; 1 if one failed. */
+static int sender_poll(struct sender *tx)
+{
+	struct ibv_wc wc[16];
+	int n = poll_cq(tx->s, wc), k, failed = n < 0;
+
+	for (k = 0; k < n; k++) {
+		if (wc[k].status != IBV_WC_SUCCESS) {
+			note_error(&wc[k]);
+			failed = 1;
+		} else {
+			tx->ok++;
+		}
+		tx->done++;
+	}
+	return failed;
+}
+
+/*
+ * The receiving end: a receive per slot of @msg bytes at [@addr, lkey),
+ * slot k's buffer at addr + k * msg. A completion names its slot (wr_id)
+ * and its message (the immediate); slot_msg[k] is the message slot k got,
+ * and each message must come exactly once. @count may be lowered after
+ * receives are posted (a peer that sends less): slots beyond it that
+ * complete are errors.
+ */
+struct receiver {
+	struct side *s;
+	uint32_t lkey;
+	uint64_t addr, count, msg, posted;
+	uint8_t *seen;		/* per message: arrived already */
+	uint64_t *slot_msg;	/* per slot: the message it got (the caller's) */
+	struct send_result *r;
+};
+
+static void receiver_init(struct receiver *rx, struct side *s, uint32_t lkey, uint64_t addr,
+			  uint64_t count, uint64_t msg, uint64_t *slot_msg, struct send_result *r)
+{
+	*rx = (struct receiver){ .s = s, .lkey = lkey, .addr = addr, .count = count, .msg = msg,
+				 .slot_msg = slot_msg, .r = r };
+	rx->seen = calloc(count, 1);
+	if (!rx->seen)
+		die("calloc", ENOMEM);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Posts receives for the next slots until @upto (at most count) are posted. */
+static void receiver_post(struct receiver *rx, uint64_t upto)
+{
+	while (rx->posted < rx->count && rx->posted < upto) {
+		post_recv(rx->s, rx->posted, rx->lkey,
+			  (void *)(uintptr_t)(rx->addr + rx->posted * rx->msg), rx->msg);
+		rx->posted++;
+	}
+}
+
+/* Takes the receive completions there are, reposting a slot for each; 1 on a bad one. */
+static int receiver_poll(struct receiver *rx)
+{
+	struct ibv_wc wc[16];
+	int n = poll_cq(rx->s, wc), k, failed = n < 0;
+
+	for (k = 0; k < n; k++) {
+		uint64_t slot = wc[k].wr_id, j;
+
+		if (wc[k].status != IBV_WC_SUCCESS) {
+			note_error(&wc[k]);
+			failed = 1;
+			continue;
+		}
+		j = be32toh(wc[k].imm_data);
+		if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= rx->count || slot >= rx->count ||
+		    wc[k].byte_len != rx->msg) {
+			failed = 1;
+			continue;
+		}
+		rx->r->duplicates += rx->seen[j];
+		rx->seen[j] = 1;
+		rx->r->out_of_order += j != slot;
+		rx->slot_msg[slot] = j;
+		rx->r->recv_ok++;
+		receiver_post(rx, rx->posted + 1);
+	}
+	return failed;
+}
+
+/* Counts the messages that never came; 1 if any is missing or came twice. */
+static int receiver_finish(struct receiver *rx)
+{
+	uint64_t i;
+
+	for (i = 0; i < rx->count; i++)
+		rx->r->missing += !rx->seen[i];
+	free(rx->seen);
+	rx->seen = NULL;
+	return rx->r->missing || rx->r->duplicates;
+}
+
+/*
+ * SENDs @count messages of @msg bytes from [@saddr, lkey @skey) on @src
+ * into [@daddr, lkey @dkey) on @dst, both ends in this process;
+ * slot_msg[k] is the message slot k got. Returns 0 when all arrived once
+ * and completed OK.
+ */
 static int send_all(struct side *src, struct side *dst, uint32_t skey, uint64_t saddr,
 		    uint32_t dkey, uint64_t daddr, uint64_t count, uint64_t msg, uint32_t window,
 		    uint64_t *slot_msg, struct send_result *r)
 {
-	uint64_t sent = 0, posted = 0, deadline = now_ms() + TIMEOUT_MS, i;
-	uint8_t *seen = calloc(count, 1);
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
+	struct sender tx;
+	struct receiver rx;
 	int failed = 0;
 
-	if (!seen)
-		die("calloc", ENOMEM);
-	memset(r, 0, sizeof(*r));
-	while (posted < count && posted < window) {
-		post_recv(dst, posted, dkey, (void *)(uintptr_t)(daddr + posted * msg), msg);
-		posted++;
-	}
-	while ((r->send_ok < count || r->recv_ok < count) && !failed) {
-		struct ibv_wc wc[16];
-		int n, k;
-
-		while (sent < count && sent - r->send_ok < window) {
-			post_send(src, dst->qp->qp_num, sent, (uint32_t)sent, skey,
-				  (void *)(uintptr_t)(saddr + sent * msg), msg);
-			sent++;
-		}
-		n = ibv_poll_cq(src->cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-			}
-			r->send_ok++;
-		}
-		n = ibv_poll_cq(dst->cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			uint64_t slot = wc[k].wr_id, j;
-
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-				continue;
-			}
-			j = be32toh(wc[k].imm_data);
-			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || wc[k].byte_len != msg) {
-				failed = 1;
-				continue;
-			}
-			r->duplicates += seen[j];
-			seen[j] = 1;
-			r->out_of_order += j != slot;
-			slot_msg[slot] = j;
-			r->recv_ok++;
-			if (posted < count) {
-				post_recv(dst, posted, dkey, (void *)(uintptr_t)(daddr + posted * msg),
-					  msg);
-				posted++;
-			}
-		}
+	sender_init(&tx, src, dst->qp->qp_num, skey, saddr, count, msg, window);
+	receiver_init(&rx, dst, dkey, daddr, count, msg, slot_msg, r);
+	receiver_post(&rx, window);	/* receives first: no SEND meets an empty queue */
+	while ((tx.done < count || r->recv_ok < count) && !failed) {
+		sender_post(&tx);
+		failed |= sender_poll(&tx);
+		failed |= receiver_poll(&rx);
 		if (now_ms() > deadline) {
 			fprintf(stderr, "p2plab-efa-check: timed out (%" PRIu64 " sent OK, %" PRIu64
-				" received)\n", r->send_ok, r->recv_ok);
+				" received)\n", tx.done, r->recv_ok);
 			failed = 1;
 		}
 	}
-	for (i = 0; i < count; i++)
-		r->missing += !seen[i];
-	free(seen);
-	return failed || r->missing || r->duplicates;
+	r->send_ok = tx.done;
+	failed |= receiver_finish(&rx);
+	return failed;
 }
 
-/* RDMA reads [raddr, rkey) of QP @src_qpn into [laddr, lkey) on @dst; bytes read OK. */
+/*
+ * RDMA reads of [raddr, rkey) of QP @src_qpn into [laddr, lkey) on @dst,
+ * @wr bytes per work request, up to @window outstanding. Returns the bytes
+ * read OK (short of @size after a failed completion or a timeout).
+ */
+static uint64_t read_windowed(struct side *dst, uint32_t src_qpn, uint32_t rkey, uint64_t raddr,
+			      uint32_t lkey, uint64_t laddr, uint64_t size, uint64_t wr,
+			      uint32_t window)
+{
+	uint64_t posted = 0, done = 0, outstanding = 0, deadline = now_ms() + TIMEOUT_MS;
+
+	while (done < size) {
+		struct ibv_wc wc[16];
+		int n, k;
+
+		while (posted < size && outstanding < window) {
+			uint64_t len = size - posted < wr ? size - posted : wr;
+			int err;
+
+			ibv_wr_start(dst->qpx);
+			dst->qpx->wr_id = len;
+			dst->qpx->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_read(dst->qpx, rkey, raddr + posted);
+			ibv_wr_set_sge(dst->qpx, lkey, laddr + posted, (uint32_t)len);
+			ibv_wr_set_ud_addr(dst->qpx, dst->ah, src_qpn, QKEY);
+			err = ibv_wr_complete(dst->qpx);
+			if (err)
+				die("ibv_wr_complete (read)", err);
+			posted += len;
+			outstanding++;
+		}
+		n = poll_cq(dst, wc);
+		if (n < 0)
+			return done;
+		for (k = 0; k < n; k++) {
+			if (wc[k].status != IBV_WC_SUCCESS) {
+				note_error(&wc[k]);
+				return done;
+			}
+			done += wc[k].wr_id;
+			outstanding--;
+		}
+		if (n == 0 && now_ms() > deadline) {
+			fprintf(stderr, "p2plab-efa-check: RDMA read timed out\n");
+			return done;
+		}
+	}
+	return done;
+}
+
+/* The read-back of xfer and gpu-xfer: one work request at a time, up to 1 MiB each. */
 static uint64_t read_all(struct side *dst, uint32_t src_qpn, uint32_t rkey, uint64_t raddr,
 			 uint32_t lkey, uint64_t laddr, uint64_t size)
 {
-	uint64_t chunk = dst->max_rdma < (1u << 20) ? dst->max_rdma : (1u << 20), off, done = 0;
-	uint64_t deadline = now_ms() + TIMEOUT_MS;
+	uint64_t chunk = dst->max_rdma < (1u << 20) ? dst->max_rdma : (1u << 20);
 
-	for (off = 0; off < size; off += chunk) {
-		uint64_t len = size - off < chunk ? size - off : chunk;
-		struct ibv_wc wc;
-		int n, err;
-
-		ibv_wr_start(dst->qpx);
-		dst->qpx->wr_id = off;
-		dst->qpx->wr_flags = IBV_SEND_SIGNALED;
-		ibv_wr_rdma_read(dst->qpx, rkey, raddr + off);
-		ibv_wr_set_sge(dst->qpx, lkey, laddr + off, len);
-		ibv_wr_set_ud_addr(dst->qpx, dst->ah, src_qpn, QKEY);
-		err = ibv_wr_complete(dst->qpx);
-		if (err)
-			die("ibv_wr_complete (read)", err);
-		do {
-			n = ibv_poll_cq(dst->cq, 1, &wc);
-		} while (n == 0 && now_ms() < deadline);
-		if (n != 1 || wc.status != IBV_WC_SUCCESS) {
-			if (n == 1)
-				note_error(&wc);
-			break;
-		}
-		done += len;
-	}
-	return done;
+	return read_windowed(dst, src_qpn, rkey, raddr, lkey, laddr, size, chunk, 1);
 }
 
 static int cmd_gpu_xfer_end(int argc, char **argv);
@@ -767,14 +1072,12 @@ static int cmd_gpu_xfer(int argc, char **argv)
 {
 	const char *src_name = "efa_0", *dst_name = "efa_1";
 	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
-	uint64_t size = 4 << 20, msg = 8192, count, k, read_bytes = 0, t0;
-	uint32_t seed = 1, window = 64, expected, src_crc, dst_crc, read_crc = 0;
-	char src_pci[32], dst_pci[32];
+	struct transfer_opts o = { .size = 4 << 20, .msg = 8192, .seed = 1, .window = 64 };
+	uint64_t size, msg, count, read_bytes = 0, t0, *slot_msg;
+	uint32_t expected, src_crc, dst_crc, read_crc;
 	struct side src = { 0 }, dst = { 0 };
-	struct gpu_buf sb, db, rb;
-	struct ibv_mr *smr, *dmr, *rmr;
+	struct mem_buf sb, db, rb;
 	struct send_result r;
-	uint64_t *slot_msg;
 	uint8_t *pattern;
 	int sgpu, dgpu, failed, a;
 
@@ -782,6 +1085,8 @@ static int cmd_gpu_xfer(int argc, char **argv)
 		if (!strcmp(argv[a], "--listen") || !strcmp(argv[a], "--connect"))
 			return cmd_gpu_xfer_end(argc, argv);
 	for (a = 2; a < argc; a++) {
+		if (transfer_option(argc, argv, &a, &o))
+			continue;
 		if (!strcmp(argv[a], "--src") && a + 1 < argc)
 			src_name = argv[++a];
 		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
@@ -790,89 +1095,56 @@ static int cmd_gpu_xfer(int argc, char **argv)
 			src_gpu_path = argv[++a];
 		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
 			dst_gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
-			size = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
-			msg = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
-			seed = strtoul(argv[++a], NULL, 0);
-		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
-			window = strtoul(argv[++a], NULL, 0);
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
+		else
+			return unknown_argument(argv[a]);
 	}
-	if (size % msg || size % 65536 || window == 0 || window > 512) {
+	size = o.size;
+	msg = o.msg;
+	if (size % msg || size % 65536 || o.window == 0 || o.window > 512) {
 		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, --window 1..512\n");
 		return 2;
 	}
 	count = size / msg;
-	sgpu = gpu_open(src_gpu_path, src_pci, sizeof(src_pci));
-	dgpu = gpu_open(dst_gpu_path, dst_pci, sizeof(dst_pci));
-	printf("src_gpu_pci=%s\ndst_gpu_pci=%s\n", src_pci, dst_pci);
-	side_open(&src, src_name, window);
-	side_open(&dst, dst_name, window);
+	gpus_open(src_gpu_path, dst_gpu_path, &sgpu, &dgpu);
+	sides_open(&src, &dst, src_name, dst_name, o.window);
 	if (msg > src.max_msg) {
 		fprintf(stderr, "p2plab-efa-check: --msg is over max_msg_sz %u\n", src.max_msg);
 		return 2;
 	}
-	side_connect(&src, &dst);
-	side_connect(&dst, &src);
+	sides_connect(&src, &dst);
 
-	/* The pattern goes into VRAM by the GPU's engine, not over RDMA. */
-	pattern = alloc_buf(size);
-	fill(pattern, size, seed);
-	expected = crc32c(pattern, size);
-	gpu_alloc(&sb, sgpu, size);
-	gpu_alloc(&db, dgpu, size);
-	gpu_alloc(&rb, dgpu, size);
-	gpu_job(sgpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.vram_offset, size, 0);
-	gpu_job(dgpu, P2PLAB_GPU_OP_FILL, 0, db.vram_offset, size, 0);
-	gpu_job(dgpu, P2PLAB_GPU_OP_FILL, 0, rb.vram_offset, size, 0);
+	pattern = pattern_make(size, o.seed, &expected);
+	mem_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, pattern);
+	mem_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	mem_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
 	slot_msg = calloc(count, sizeof(*slot_msg));
 	if (!slot_msg)
 		die("calloc", ENOMEM);
 
-	smr = reg_gpu(&src, &sb, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-	dmr = reg_gpu(&dst, &db, IBV_ACCESS_LOCAL_WRITE);
-	rmr = reg_gpu(&dst, &rb, IBV_ACCESS_LOCAL_WRITE);
-
 	t0 = now_ms();
-	failed = send_all(&src, &dst, smr->lkey, GPU_IOVA, dmr->lkey, GPU_IOVA, count, msg,
-			  window, slot_msg, &r);
+	failed = send_all(&src, &dst, sb.mr->lkey, sb.addr, db.mr->lkey, db.addr, count, msg,
+			  o.window, slot_msg, &r);
 	if (!failed)
-		read_bytes = read_all(&dst, src.qp->qp_num, smr->rkey, GPU_IOVA, rmr->lkey, GPU_IOVA, size);
+		read_bytes = read_all(&dst, src.qp->qp_num, sb.mr->rkey, sb.addr, rb.mr->lkey,
+				      rb.addr, size);
 	printf("ms=%" PRIu64 "\n", now_ms() - t0);
 	failed |= read_bytes != size;
 
-	/* SRD may have put message j in slot k: the GPU's engine moves it home. */
-	if (!failed && r.out_of_order) {
-		struct gpu_buf scratch;
-
-		gpu_alloc(&scratch, dgpu, size);
-		gpu_job(dgpu, P2PLAB_GPU_OP_COPY_VRAM, db.vram_offset, scratch.vram_offset, size, 0);
-		for (k = 0; k < count; k++)
-			if (slot_msg[k] != k)
-				gpu_job(dgpu, P2PLAB_GPU_OP_COPY_VRAM, scratch.vram_offset + k * msg,
-					db.vram_offset + slot_msg[k] * msg, msg, 0);
-	}
-	src_crc = gpu_job(sgpu, P2PLAB_GPU_OP_CHECKSUM, sb.vram_offset, 0, size, 0);
-	dst_crc = gpu_job(dgpu, P2PLAB_GPU_OP_CHECKSUM, db.vram_offset, 0, size, 0);
-	read_crc = gpu_job(dgpu, P2PLAB_GPU_OP_CHECKSUM, rb.vram_offset, 0, size, 0);
+	if (!failed && r.out_of_order)
+		gpu_put_home(&db.vram, slot_msg, count, msg);
+	src_crc = mem_buf_crc(&sb, size);
+	dst_crc = mem_buf_crc(&db, size);
+	read_crc = mem_buf_crc(&rb, size);
 	failed |= src_crc != expected || dst_crc != expected || read_crc != expected;
 
-	printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
+	print_transfer(count, size, msg);
 	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", r.send_ok, r.recv_ok);
-	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\nmissing=%" PRIu64 "\n",
-	       r.out_of_order, r.duplicates, r.missing);
+	print_arrivals(&r);
 	printf("read_bytes=%" PRIu64 "\n", read_bytes);
 	printf("expected_crc=0x%08x\nsrc_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
 	       expected, src_crc, dst_crc, read_crc);
-	printf("verify=%s\n", failed ? "bad" : "ok");
-	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
-	if (ibv_dereg_mr(smr) || ibv_dereg_mr(dmr) || ibv_dereg_mr(rmr))
-		die("ibv_dereg_mr", errno);
+	print_verdict(failed);
+	mem_bufs_dereg(&sb, &db, &rb);
 	printf("dereg=ok\n");
 	return failed ? 1 : 0;
 }
@@ -1182,35 +1454,18 @@ static void xlab_recv_result(int fd, uint64_t count, uint64_t size, struct xlab_
 			  r->recv_ok, r->read_bytes, count, size);
 }
 
-/* The source's SENDs: @count of @msg bytes to QP @qpn, @window outstanding. */
-static int xlab_send(struct side *s, uint32_t qpn, uint32_t lkey, uint64_t addr, uint64_t count,
-		     uint64_t msg, uint32_t window, uint64_t *send_ok)
+/* The source's SENDs to the peer's QP, the receives being the peer's. */
+static int xlab_send(struct sender *tx)
 {
-	uint64_t sent = 0, deadline = now_ms() + TIMEOUT_MS;
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
 	int failed = 0;
 
-	*send_ok = 0;
-	while (*send_ok < count && !failed) {
-		struct ibv_wc wc[16];
-		int n, k;
-
-		while (sent < count && sent - *send_ok < window) {
-			post_send(s, qpn, sent, (uint32_t)sent, lkey,
-				  (void *)(uintptr_t)(addr + sent * msg), msg);
-			sent++;
-		}
-		n = ibv_poll_cq(s->cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-			} else {
-				(*send_ok)++;
-			}
-		}
+	while (tx->done < tx->count && !failed) {
+		sender_post(tx);
+		failed |= sender_poll(tx);
 		if (now_ms() > deadline) {
 			fprintf(stderr, "p2plab-efa-check: SENDs timed out (%" PRIu64 " of %" PRIu64
-				" completed)\n", *send_ok, count);
+				" completed)\n", tx->ok, tx->count);
 			failed = 1;
 		}
 	}
@@ -1218,59 +1473,24 @@ static int xlab_send(struct side *s, uint32_t qpn, uint32_t lkey, uint64_t addr,
 }
 
 /*
- * The destination's receives: @posted of the @count slots are posted
- * already (before the hello, so no SEND meets an empty queue); the rest
- * as slots complete. slot_msg[k]: the message slot k got.
+ * The destination's receives: the first are posted already (before the
+ * hello, so no SEND meets an empty queue); the rest as slots complete.
  */
-static int xlab_recv(struct side *d, uint32_t lkey, uint64_t addr, uint64_t count, uint64_t msg,
-		     uint64_t posted, uint64_t *slot_msg, struct send_result *r)
+static int xlab_recv(struct receiver *rx)
 {
-	uint64_t deadline = now_ms() + TIMEOUT_MS, i;
-	uint8_t *seen = calloc(count, 1);
+	uint64_t deadline = now_ms() + TIMEOUT_MS;
 	int failed = 0;
 
-	if (!seen)
-		die("calloc", ENOMEM);
-	memset(r, 0, sizeof(*r));
-	while (r->recv_ok < count && !failed) {
-		struct ibv_wc wc[16];
-		int n, k;
-
-		n = ibv_poll_cq(d->cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			uint64_t slot = wc[k].wr_id, j;
-
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-				continue;
-			}
-			j = be32toh(wc[k].imm_data);
-			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || slot >= count ||
-			    wc[k].byte_len != msg) {
-				failed = 1;
-				continue;
-			}
-			r->duplicates += seen[j];
-			seen[j] = 1;
-			r->out_of_order += j != slot;
-			slot_msg[slot] = j;
-			r->recv_ok++;
-			if (posted < count) {
-				post_recv(d, posted, lkey, (void *)(uintptr_t)(addr + posted * msg), msg);
-				posted++;
-			}
-		}
+	while (rx->r->recv_ok < rx->count && !failed) {
+		failed |= receiver_poll(rx);
 		if (now_ms() > deadline) {
 			fprintf(stderr, "p2plab-efa-check: receives timed out (%" PRIu64 " of %" PRIu64
-				")\n", r->recv_ok, count);
+				")\n", rx->r->recv_ok, rx->count);
 			failed = 1;
 		}
 	}
-	for (i = 0; i < count; i++)
-		r->missing += !seen[i];
-	free(seen);
-	return failed || r->missing || r->duplicates;
+	failed |= receiver_finish(rx);
+	return failed;
 }
 
 static void print_gid(const char *key, const union ibv_gid *gid)
@@ -1280,6 +1500,151 @@ static void print_gid(const char *key, const union ibv_gid *gid)
 	if (!inet_ntop(AF_INET6, gid->raw, text, sizeof(text)))
 		snprintf(text, sizeof(text), "?");
 	printf("%s=%s\n", key, text);
+}
+
+/*
+ * Meets the peer: waits for it or dials it, then the hellos both ways
+ * (ours first: each end's hello needs nothing of the other's). The
+ * connection, kept for the result.
+ */
+static int xlab_meet(const char *listen_at, const char *connect_to, const struct xlab_hello *me,
+		     uint32_t peer_role, struct xlab_hello *peer)
+{
+	int fd = listen_at ? xlab_listen(listen_at) : xlab_connect(connect_to);
+
+	xlab_send_hello(fd, me);
+	xlab_recv_hello(fd, peer_role, peer);
+	print_gid("peer_gid", &peer->gid);
+	printf("peer_qpn=%u\n", peer->qpn);
+	return fd;
+}
+
+/*
+ * The source end: its GPU buffer, loaded with the pattern by its GPU's
+ * engine, is SENT into the peer's; the peer then RDMA-reads it, so its MR
+ * stays registered until the peer's result.
+ */
+static int xlab_source(struct side *s, int gpu, const char *listen_at, const char *connect_to,
+		       struct xlab_hello *me, const struct transfer_opts *o)
+{
+	uint64_t size = o->size, msg = o->msg, count = size / msg, t0;
+	struct xlab_hello peer = { 0 };
+	struct xlab_result res = { 0 };
+	struct sender tx;
+	struct mem_buf sb;
+	uint8_t *pattern;
+	uint32_t expected, src_crc;
+	int fd, failed;
+
+	pattern = pattern_make(size, o->seed, &expected);
+	mem_buf_make(&sb, gpu, s, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, pattern);
+	src_crc = mem_buf_crc(&sb, size);
+	me->addr = sb.addr;
+	me->rkey = sb.mr->rkey;
+	me->crc = src_crc;
+
+	fd = xlab_meet(listen_at, connect_to, me, XLAB_ROLE_DST, &peer);
+	if (peer.msg != msg)
+		xlab_fail("the peer posted %" PRIu64 "-byte receives, this end sends %" PRIu64
+			  "-byte messages", peer.msg, msg);
+	if (peer.size < size)
+		xlab_fail("the peer's buffers hold %" PRIu64 " bytes, this end sends %" PRIu64,
+			  peer.size, size);
+	side_connect_gid(s, &peer.gid);
+
+	t0 = now_ms();
+	sender_init(&tx, s, peer.qpn, sb.mr->lkey, sb.addr, count, msg, o->window);
+	failed = xlab_send(&tx);
+	/* The peer reads our buffer next: it stays registered until its result. */
+	xlab_recv_result(fd, count, size, &res);
+	printf("ms=%" PRIu64 "\n", now_ms() - t0);
+	failed |= src_crc != expected || res.status || res.recv_ok != count ||
+		  res.read_bytes != size || res.dst_crc != src_crc || res.read_crc != src_crc;
+	print_transfer(count, size, msg);
+	printf("send_ok=%" PRIu64 "\n", tx.ok);
+	printf("expected_crc=0x%08x\nsrc_crc=0x%08x\n", expected, src_crc);
+	printf("peer_status=%u\npeer_recv_ok=%" PRIu64 "\npeer_read_bytes=%" PRIu64 "\n",
+	       res.status, res.recv_ok, res.read_bytes);
+	printf("peer_dst_crc=0x%08x\npeer_read_crc=0x%08x\n", res.dst_crc, res.read_crc);
+	print_verdict(failed);
+	mem_bufs_dereg(&sb, NULL, NULL);
+	close(fd);
+	return failed;
+}
+
+/*
+ * The destination end: receives the peer's SENDs into one GPU buffer,
+ * RDMA-reads the peer's buffer into another, checksums both with its
+ * GPU's engine against the CRC the peer's engine computed, and sends the
+ * peer its result.
+ */
+static int xlab_destination(struct side *s, int gpu, const char *listen_at,
+			    const char *connect_to, const struct xlab_hello *me,
+			    const struct transfer_opts *o)
+{
+	uint64_t size = o->size, msg = o->msg, count = size / msg, read_bytes = 0, t0, *slot_msg;
+	struct xlab_hello peer = { 0 };
+	struct xlab_result res = { 0 };
+	struct mem_buf db, rb;
+	struct receiver rx;
+	struct send_result r;
+	uint32_t dst_crc, read_crc;
+	int fd, failed;
+
+	mem_buf_make(&db, gpu, s, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	mem_buf_make(&rb, gpu, s, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	slot_msg = calloc(count, sizeof(*slot_msg));
+	if (!slot_msg)
+		die("calloc", ENOMEM);
+	receiver_init(&rx, s, db.mr->lkey, db.addr, count, msg, slot_msg, &r);
+	receiver_post(&rx, o->window);
+
+	fd = xlab_meet(listen_at, connect_to, me, XLAB_ROLE_SRC, &peer);
+	/* What the source says it sends must fit what was posted here. */
+	if (peer.msg != msg)
+		xlab_fail("the peer sends %" PRIu64 "-byte messages, this end posted %" PRIu64
+			  "-byte receives", peer.msg, msg);
+	if (peer.size == 0 || peer.size > size || peer.size % msg || peer.size % 65536)
+		xlab_fail("the peer would send %" PRIu64 " bytes: beyond this end's %" PRIu64
+			  "-byte buffers or not whole %" PRIu64 "-byte messages and 64K",
+			  peer.size, size, msg);
+	if (peer.addr != GPU_IOVA)
+		xlab_fail("the peer's buffer starts at %#" PRIx64 ", not %#llx", peer.addr,
+			  GPU_IOVA);
+	size = peer.size;
+	count = size / msg;
+	rx.count = count;
+	side_connect_gid(s, &peer.gid);
+
+	t0 = now_ms();
+	failed = xlab_recv(&rx);
+	if (!failed)
+		read_bytes = read_all(s, peer.qpn, peer.rkey, peer.addr, rb.mr->lkey, rb.addr, size);
+	printf("ms=%" PRIu64 "\n", now_ms() - t0);
+	failed |= read_bytes != size;
+
+	if (!failed && r.out_of_order)
+		gpu_put_home(&db.vram, slot_msg, count, msg);
+	dst_crc = mem_buf_crc(&db, size);
+	read_crc = mem_buf_crc(&rb, size);
+	failed |= dst_crc != peer.crc || read_crc != peer.crc;
+	res.status = failed;
+	res.recv_ok = r.recv_ok;
+	res.read_bytes = read_bytes;
+	res.dst_crc = dst_crc;
+	res.read_crc = read_crc;
+	xlab_send_result(fd, &res);
+
+	print_transfer(count, size, msg);
+	printf("recv_ok=%" PRIu64 "\n", r.recv_ok);
+	print_arrivals(&r);
+	printf("read_bytes=%" PRIu64 "\n", read_bytes);
+	printf("peer_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n", peer.crc, dst_crc,
+	       read_crc);
+	print_verdict(failed);
+	mem_bufs_dereg(&db, &rb, NULL);
+	close(fd);
+	return failed;
 }
 
 /*
@@ -1294,15 +1659,15 @@ static int cmd_gpu_xfer_end(int argc, char **argv)
 {
 	const char *dev = "efa_0", *gpu_path = "/dev/p2plab-gpu0", *listen_at = NULL;
 	const char *connect_to = NULL, *role_name = NULL;
-	uint64_t size = 4 << 20, msg = 8192, count, posted = 0, t0, k;
-	uint32_t seed = 1, window = 64, role;
-	struct xlab_hello me = { 0 }, peer = { 0 };
-	struct xlab_result res = { 0 };
+	struct transfer_opts o = { .size = 4 << 20, .msg = 8192, .seed = 1, .window = 64 };
+	struct xlab_hello me = { 0 };
 	struct side s = { 0 };
 	char pci[32];
-	int gpu, fd, a, failed = 0;
+	int gpu, a, failed;
 
 	for (a = 2; a < argc; a++) {
+		if (transfer_option(argc, argv, &a, &o))
+			continue;
 		if (!strcmp(argv[a], "--listen") && a + 1 < argc)
 			listen_at = argv[++a];
 		else if (!strcmp(argv[a], "--connect") && a + 1 < argc)
@@ -1313,178 +1678,37 @@ static int cmd_gpu_xfer_end(int argc, char **argv)
 			dev = argv[++a];
 		else if (!strcmp(argv[a], "--gpu") && a + 1 < argc)
 			gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
-			size = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
-			msg = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
-			seed = strtoul(argv[++a], NULL, 0);
-		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
-			window = strtoul(argv[++a], NULL, 0);
 		else if (!strcmp(argv[a], "--timeout") && a + 1 < argc)
 			xlab_timeout_s = atoi(argv[++a]);
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
+		else
+			return unknown_argument(argv[a]);
 	}
 	if (!listen_at == !connect_to || !role_name ||
 	    (strcmp(role_name, "src") && strcmp(role_name, "dst"))) {
 		fprintf(stderr, "p2plab-efa-check: gpu-xfer needs one of --listen/--connect and --role src|dst\n");
 		return 2;
 	}
-	if (size % msg || size % 65536 || window == 0 || window > 512 || xlab_timeout_s <= 0 ||
-	    xlab_timeout_s > 3600) {
+	if (o.size % o.msg || o.size % 65536 || o.window == 0 || o.window > 512 ||
+	    xlab_timeout_s <= 0 || xlab_timeout_s > 3600) {
 		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, --window 1..512, --timeout 1..3600\n");
 		return 2;
 	}
-	role = strcmp(role_name, "src") ? XLAB_ROLE_DST : XLAB_ROLE_SRC;
-	count = size / msg;
 	gpu = gpu_open(gpu_path, pci, sizeof(pci));
 	printf("role=%s\ngpu_pci=%s\n", role_name, pci);
-	side_open(&s, dev, window);
-	if (msg > s.max_msg) {
+	side_open(&s, dev, o.window);
+	if (o.msg > s.max_msg) {
 		fprintf(stderr, "p2plab-efa-check: --msg is over max_msg_sz %u\n", s.max_msg);
 		return 2;
 	}
-	me.role = role;
+	me.role = strcmp(role_name, "src") ? XLAB_ROLE_DST : XLAB_ROLE_SRC;
 	me.qpn = s.qp->qp_num;
 	me.gid = s.gid;
-	me.size = size;
-	me.msg = msg;
-
-	if (role == XLAB_ROLE_SRC) {
-		struct gpu_buf sb;
-		struct ibv_mr *smr;
-		uint8_t *pattern = alloc_buf(size);
-		uint32_t expected, src_crc;
-		uint64_t send_ok = 0;
-
-		/* The pattern goes into VRAM by the GPU's engine, not over RDMA. */
-		fill(pattern, size, seed);
-		expected = crc32c(pattern, size);
-		gpu_alloc(&sb, gpu, size);
-		gpu_job(gpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.vram_offset, size, 0);
-		src_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, sb.vram_offset, 0, size, 0);
-		smr = reg_gpu(&s, &sb, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-		me.addr = GPU_IOVA;
-		me.rkey = smr->rkey;
-		me.crc = src_crc;
-
-		fd = listen_at ? xlab_listen(listen_at) : xlab_connect(connect_to);
-		xlab_send_hello(fd, &me);
-		xlab_recv_hello(fd, XLAB_ROLE_DST, &peer);
-		print_gid("peer_gid", &peer.gid);
-		printf("peer_qpn=%u\n", peer.qpn);
-		if (peer.msg != msg)
-			xlab_fail("the peer posted %" PRIu64 "-byte receives, this end sends %" PRIu64
-				  "-byte messages", peer.msg, msg);
-		if (peer.size < size)
-			xlab_fail("the peer's buffers hold %" PRIu64 " bytes, this end sends %" PRIu64,
-				  peer.size, size);
-		side_connect_gid(&s, &peer.gid);
-
-		t0 = now_ms();
-		failed = xlab_send(&s, peer.qpn, smr->lkey, GPU_IOVA, count, msg, window, &send_ok);
-		/* The peer reads our buffer next: it stays registered until its result. */
-		xlab_recv_result(fd, count, size, &res);
-		printf("ms=%" PRIu64 "\n", now_ms() - t0);
-		failed |= src_crc != expected || res.status || res.recv_ok != count ||
-			  res.read_bytes != size || res.dst_crc != src_crc || res.read_crc != src_crc;
-		printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
-		printf("send_ok=%" PRIu64 "\n", send_ok);
-		printf("expected_crc=0x%08x\nsrc_crc=0x%08x\n", expected, src_crc);
-		printf("peer_status=%u\npeer_recv_ok=%" PRIu64 "\npeer_read_bytes=%" PRIu64 "\n",
-		       res.status, res.recv_ok, res.read_bytes);
-		printf("peer_dst_crc=0x%08x\npeer_read_crc=0x%08x\n", res.dst_crc, res.read_crc);
-		printf("verify=%s\n", failed ? "bad" : "ok");
-		printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
-		if (ibv_dereg_mr(smr))
-			die("ibv_dereg_mr", errno);
-	} else {
-		struct gpu_buf db, rb;
-		struct ibv_mr *dmr, *rmr;
-		struct send_result r;
-		uint64_t *slot_msg, read_bytes = 0, slots = size / msg;
-		uint32_t dst_crc, read_crc;
-
-		gpu_alloc(&db, gpu, size);
-		gpu_alloc(&rb, gpu, size);
-		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, db.vram_offset, size, 0);
-		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, rb.vram_offset, size, 0);
-		dmr = reg_gpu(&s, &db, IBV_ACCESS_LOCAL_WRITE);
-		rmr = reg_gpu(&s, &rb, IBV_ACCESS_LOCAL_WRITE);
-		while (posted < slots && posted < window) {
-			post_recv(&s, posted, dmr->lkey, (void *)(uintptr_t)(GPU_IOVA + posted * msg), msg);
-			posted++;
-		}
-
-		fd = listen_at ? xlab_listen(listen_at) : xlab_connect(connect_to);
-		xlab_send_hello(fd, &me);
-		xlab_recv_hello(fd, XLAB_ROLE_SRC, &peer);
-		print_gid("peer_gid", &peer.gid);
-		printf("peer_qpn=%u\n", peer.qpn);
-		/* What the source says it sends must fit what was posted here. */
-		if (peer.msg != msg)
-			xlab_fail("the peer sends %" PRIu64 "-byte messages, this end posted %" PRIu64
-				  "-byte receives", peer.msg, msg);
-		if (peer.size == 0 || peer.size > size || peer.size % msg || peer.size % 65536)
-			xlab_fail("the peer would send %" PRIu64 " bytes: beyond this end's %" PRIu64
-				  "-byte buffers or not whole %" PRIu64 "-byte messages and 64K",
-				  peer.size, size, msg);
-		if (peer.addr != GPU_IOVA)
-			xlab_fail("the peer's buffer starts at %#" PRIx64 ", not %#llx", peer.addr,
-				  GPU_IOVA);
-		size = peer.size;
-		count = size / msg;
-		side_connect_gid(&s, &peer.gid);
-		slot_msg = calloc(count, sizeof(*slot_msg));
-		if (!slot_msg)
-			die("calloc", ENOMEM);
-
-		t0 = now_ms();
-		failed = xlab_recv(&s, dmr->lkey, GPU_IOVA, count, msg, posted, slot_msg, &r);
-		if (!failed)
-			read_bytes = read_all(&s, peer.qpn, peer.rkey, peer.addr, rmr->lkey, GPU_IOVA,
-					      size);
-		printf("ms=%" PRIu64 "\n", now_ms() - t0);
-		failed |= read_bytes != size;
-
-		/* SRD may have put message j in slot k: the GPU's engine moves it home. */
-		if (!failed && r.out_of_order) {
-			struct gpu_buf scratch;
-
-			gpu_alloc(&scratch, gpu, size);
-			gpu_job(gpu, P2PLAB_GPU_OP_COPY_VRAM, db.vram_offset, scratch.vram_offset,
-				size, 0);
-			for (k = 0; k < count; k++)
-				if (slot_msg[k] != k)
-					gpu_job(gpu, P2PLAB_GPU_OP_COPY_VRAM,
-						scratch.vram_offset + k * msg,
-						db.vram_offset + slot_msg[k] * msg, msg, 0);
-		}
-		dst_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, db.vram_offset, 0, size, 0);
-		read_crc = gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, rb.vram_offset, 0, size, 0);
-		failed |= dst_crc != peer.crc || read_crc != peer.crc;
-		res.status = failed;
-		res.recv_ok = r.recv_ok;
-		res.read_bytes = read_bytes;
-		res.dst_crc = dst_crc;
-		res.read_crc = read_crc;
-		xlab_send_result(fd, &res);
-
-		printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
-		printf("recv_ok=%" PRIu64 "\nout_of_order=%" PRIu64 "\nduplicates=%" PRIu64
-		       "\nmissing=%" PRIu64 "\n", r.recv_ok, r.out_of_order, r.duplicates, r.missing);
-		printf("read_bytes=%" PRIu64 "\n", read_bytes);
-		printf("peer_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n", peer.crc, dst_crc,
-		       read_crc);
-		printf("verify=%s\n", failed ? "bad" : "ok");
-		printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
-		if (ibv_dereg_mr(dmr) || ibv_dereg_mr(rmr))
-			die("ibv_dereg_mr", errno);
-	}
-	close(fd);
+	me.size = o.size;
+	me.msg = o.msg;
+	if (me.role == XLAB_ROLE_SRC)
+		failed = xlab_source(&s, gpu, listen_at, connect_to, &me, &o);
+	else
+		failed = xlab_destination(&s, gpu, listen_at, connect_to, &me, &o);
 	printf("dereg=ok\n");
 	return failed ? 1 : 0;
 }
@@ -1610,30 +1834,6 @@ static int cmd_gpu_pinned(int argc, char **argv)
 
 /* ---- throughput: GPU memory against RAM at equal sizes --------------- */
 
-/* CRC32C by table: the bench checks every byte it moved in guest RAM. */
-static uint32_t crc32c_update(uint32_t crc, const uint8_t *p, size_t len)
-{
-	static uint32_t table[256];
-	static int ready;
-	size_t i;
-
-	if (!ready) {
-		for (i = 0; i < 256; i++) {
-			uint32_t c = (uint32_t)i;
-			int k;
-
-			for (k = 0; k < 8; k++)
-				c = (c >> 1) ^ (0x82f63b78u & -(c & 1));
-			table[i] = c;
-		}
-		ready = 1;
-	}
-	crc = ~crc;
-	for (i = 0; i < len; i++)
-		crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-	return ~crc;
-}
-
 static uint64_t now_us(void)
 {
 	struct timespec ts;
@@ -1642,102 +1842,23 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-/*
- * RDMA reads of [raddr, rkey) into [laddr, lkey), @wr bytes per work
- * request, up to @window outstanding. Returns the bytes read OK.
- */
-static uint64_t read_windowed(struct side *dst, struct side *src, uint32_t rkey, uint64_t raddr,
-			      uint32_t lkey, uint64_t laddr, uint64_t size, uint64_t wr,
-			      uint32_t window)
-{
-	uint64_t posted = 0, done = 0, outstanding = 0, deadline = now_ms() + TIMEOUT_MS;
-
-	while (done < size) {
-		struct ibv_wc wc[16];
-		int n, k;
-
-		while (posted < size && outstanding < window) {
-			uint64_t len = size - posted < wr ? size - posted : wr;
-			int err;
-
-			ibv_wr_start(dst->qpx);
-			dst->qpx->wr_id = len;
-			dst->qpx->wr_flags = IBV_SEND_SIGNALED;
-			ibv_wr_rdma_read(dst->qpx, rkey, raddr + posted);
-			ibv_wr_set_sge(dst->qpx, lkey, laddr + posted, (uint32_t)len);
-			ibv_wr_set_ud_addr(dst->qpx, dst->ah, src->qp->qp_num, QKEY);
-			err = ibv_wr_complete(dst->qpx);
-			if (err)
-				die("ibv_wr_complete (read)", err);
-			posted += len;
-			outstanding++;
-		}
-		n = ibv_poll_cq(dst->cq, 16, wc);
-		if (n < 0)
-			return done;
-		for (k = 0; k < n; k++) {
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				return done;
-			}
-			done += wc[k].wr_id;
-			outstanding--;
-		}
-		if (n == 0 && now_ms() > deadline) {
-			fprintf(stderr, "p2plab-efa-check: RDMA read timed out\n");
-			return done;
-		}
-	}
-	return done;
-}
-
-/* One bench buffer: a GPU dma-buf MR or a guest RAM MR, and its address. */
-struct bench_buf {
-	struct gpu_buf gpu;
-	uint8_t *ram;
-	uint64_t addr;
-	struct ibv_mr *mr;
-};
-
-static void bench_buf_make(struct bench_buf *b, int gpu, struct side *s, uint64_t size,
-			   int access)
-{
-	if (gpu >= 0) {
-		gpu_alloc(&b->gpu, gpu, size);
-		gpu_job(gpu, P2PLAB_GPU_OP_FILL, 0, b->gpu.vram_offset, size, 0);
-		b->mr = reg_gpu(s, &b->gpu, access);
-		b->addr = GPU_IOVA;
-		b->ram = NULL;
-	} else {
-		b->ram = alloc_buf(size);
-		b->mr = reg(s, b->ram, size, access);
-		b->addr = (uintptr_t)b->ram;
-	}
-}
-
-/* CRC32C of a bench buffer: the GPU's engine for VRAM, the CPU for RAM. */
-static uint32_t bench_buf_crc(const struct bench_buf *b, int gpu, uint64_t size)
-{
-	if (gpu >= 0)
-		return gpu_job(gpu, P2PLAB_GPU_OP_CHECKSUM, b->gpu.vram_offset, 0, size, 0);
-	return crc32c_update(0, b->ram, size);
-}
-
 static int cmd_bench(int argc, char **argv)
 {
 	const char *src_name = "efa_0", *dst_name = "efa_1", *mem = NULL;
 	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
-	uint64_t size = 8 << 20, msg = 8192, wr = 1 << 20, count, k, read_bytes, t0;
+	struct transfer_opts o = { .size = 8 << 20, .msg = 8192, .seed = 1, .window = 64 };
+	uint64_t size, msg, wr = 1 << 20, count, k, read_bytes, t0;
 	uint64_t send_us, read_us, *slot_msg;
-	uint32_t seed = 1, window = 64, read_window = 4, expected, sent_crc, dst_crc, read_crc;
-	char src_pci[32], dst_pci[32];
+	uint32_t read_window = 4, depth, expected, sent_crc, dst_crc, read_crc;
 	struct side src = { 0 }, dst = { 0 };
-	struct bench_buf sb, db, rb;
+	struct mem_buf sb, db, rb;
 	struct send_result r;
 	uint8_t *pattern;
 	int sgpu = -1, dgpu = -1, failed, a;
 
 	for (a = 2; a < argc; a++) {
+		if (transfer_option(argc, argv, &a, &o))
+			continue;
 		if (!strcmp(argv[a], "--mem") && a + 1 < argc)
 			mem = argv[++a];
 		else if (!strcmp(argv[a], "--src") && a + 1 < argc)
@@ -1748,73 +1869,54 @@ static int cmd_bench(int argc, char **argv)
 			src_gpu_path = argv[++a];
 		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
 			dst_gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
-			size = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
-			msg = parse_size(argv[++a]);
 		else if (!strcmp(argv[a], "--read-wr") && a + 1 < argc)
 			wr = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
-			seed = strtoul(argv[++a], NULL, 0);
-		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
-			window = strtoul(argv[++a], NULL, 0);
 		else if (!strcmp(argv[a], "--read-window") && a + 1 < argc)
 			read_window = strtoul(argv[++a], NULL, 0);
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
+		else
+			return unknown_argument(argv[a]);
 	}
 	if (!mem || (strcmp(mem, "gpu") && strcmp(mem, "ram"))) {
 		fprintf(stderr, "p2plab-efa-check: bench needs --mem gpu|ram\n");
 		return 2;
 	}
-	if (size % msg || size % 65536 || size % wr || window == 0 || window > 512 ||
+	size = o.size;
+	msg = o.msg;
+	if (size % msg || size % 65536 || size % wr || o.window == 0 || o.window > 512 ||
 	    read_window == 0 || read_window > 512 || wr > (1u << 30)) {
 		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --read-wr and 64K; --window and --read-window 1..512\n");
 		return 2;
 	}
 	count = size / msg;
-	if (!strcmp(mem, "gpu")) {
-		sgpu = gpu_open(src_gpu_path, src_pci, sizeof(src_pci));
-		dgpu = gpu_open(dst_gpu_path, dst_pci, sizeof(dst_pci));
-		printf("src_gpu_pci=%s\ndst_gpu_pci=%s\n", src_pci, dst_pci);
-	}
-	side_open(&src, src_name, window > read_window ? window : read_window);
-	side_open(&dst, dst_name, window > read_window ? window : read_window);
+	if (!strcmp(mem, "gpu"))
+		gpus_open(src_gpu_path, dst_gpu_path, &sgpu, &dgpu);
+	depth = o.window > read_window ? o.window : read_window;
+	sides_open(&src, &dst, src_name, dst_name, depth);
 	if (msg > src.max_msg || wr > dst.max_rdma) {
 		fprintf(stderr, "p2plab-efa-check: --msg over max_msg_sz %u or --read-wr over max_rdma_size %u\n",
 			src.max_msg, dst.max_rdma);
 		return 2;
 	}
-	side_connect(&src, &dst);
-	side_connect(&dst, &src);
+	sides_connect(&src, &dst);
 
-	pattern = alloc_buf(size);
-	fill(pattern, size, seed);
-	expected = crc32c_update(0, pattern, size);
-	bench_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-	bench_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE);
-	bench_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE);
-	if (sgpu >= 0)
-		gpu_job(sgpu, P2PLAB_GPU_OP_COPY_TO_VRAM, (uintptr_t)pattern, sb.gpu.vram_offset,
-			size, 0);
-	else
-		memcpy(sb.ram, pattern, size);
+	pattern = pattern_make(size, o.seed, &expected);
+	mem_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, pattern);
+	mem_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	mem_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
 	slot_msg = calloc(count, sizeof(*slot_msg));
 	if (!slot_msg)
 		die("calloc", ENOMEM);
 
 	t0 = now_us();
 	failed = send_all(&src, &dst, sb.mr->lkey, sb.addr, db.mr->lkey, db.addr, count, msg,
-			  window, slot_msg, &r);
+			  o.window, slot_msg, &r);
 	send_us = now_us() - t0;
 	read_us = 0;
 	read_bytes = 0;
 	if (!failed) {
 		t0 = now_us();
-		read_bytes = read_windowed(&dst, &src, sb.mr->rkey, sb.addr, rb.mr->lkey, rb.addr,
-					   size, wr, read_window);
+		read_bytes = read_windowed(&dst, src.qp->qp_num, sb.mr->rkey, sb.addr, rb.mr->lkey,
+					   rb.addr, size, wr, read_window);
 		read_us = now_us() - t0;
 	}
 	failed |= read_bytes != size;
@@ -1823,24 +1925,21 @@ static int cmd_bench(int argc, char **argv)
 	sent_crc = 0;
 	for (k = 0; k < count; k++)
 		sent_crc = crc32c_update(sent_crc, pattern + slot_msg[k] * msg, msg);
-	dst_crc = bench_buf_crc(&db, dgpu, size);
-	read_crc = bench_buf_crc(&rb, dgpu, size);
+	dst_crc = mem_buf_crc(&db, size);
+	read_crc = mem_buf_crc(&rb, size);
 	failed |= dst_crc != sent_crc || read_crc != expected;
 
 	printf("mem=%s\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\nread_wr=%" PRIu64 "\n", mem, size, msg,
 	       wr);
 	printf("messages=%" PRIu64 "\nsend_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", count,
 	       r.send_ok, r.recv_ok);
-	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\nmissing=%" PRIu64 "\n",
-	       r.out_of_order, r.duplicates, r.missing);
+	print_arrivals(&r);
 	printf("read_bytes=%" PRIu64 "\n", read_bytes);
 	printf("send_us=%" PRIu64 "\nread_us=%" PRIu64 "\n", send_us, read_us);
 	printf("expected_crc=0x%08x\nsent_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
 	       expected, sent_crc, dst_crc, read_crc);
-	printf("verify=%s\n", failed ? "bad" : "ok");
-	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
-	if (ibv_dereg_mr(sb.mr) || ibv_dereg_mr(db.mr) || ibv_dereg_mr(rb.mr))
-		die("ibv_dereg_mr", errno);
+	print_verdict(failed);
+	mem_bufs_dereg(&sb, &db, &rb);
 	return failed ? 1 : 0;
 }
 
