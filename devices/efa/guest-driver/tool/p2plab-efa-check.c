@@ -344,35 +344,84 @@ static void post_recv(struct side *s, uint64_t id, uint32_t lkey, void *addr, ui
 		die("ibv_post_recv", err);
 }
 
+/* How an option's value is read. */
+enum option_kind {
+	OPT_TEXT,	/* a string, as given */
+	OPT_SIZE,	/* bytes, with K/M/G (parse_size) */
+	OPT_U32,	/* a number, strtoul */
+	OPT_INT,	/* a number, atoi */
+	OPT_OFF,	/* no value: clears a flag */
+};
+
+/* One option of a mode: its name, and where its value goes (typed, checked by the compiler). */
+struct option_spec {
+	const char *name;
+	enum option_kind kind;
+	union {
+		const char **text;
+		uint64_t *size;
+		uint32_t *u32;
+		int *flag;
+	} to;
+};
+
+/* The options shared by modes, as table entries. */
+#define PAIR_OPTIONS(src, dst) \
+	{ "--src", OPT_TEXT, { .text = &(src) } }, { "--dst", OPT_TEXT, { .text = &(dst) } }
+#define GPU_PAIR_OPTIONS(src_gpu, dst_gpu) \
+	{ "--src-gpu", OPT_TEXT, { .text = &(src_gpu) } }, \
+	{ "--dst-gpu", OPT_TEXT, { .text = &(dst_gpu) } }
+#define TRANSFER_OPTIONS(size_, msg_, seed_, window_) \
+	{ "--size", OPT_SIZE, { .size = &(size_) } }, { "--msg", OPT_SIZE, { .size = &(msg_) } }, \
+	{ "--seed", OPT_U32, { .u32 = &(seed_) } }, { "--window", OPT_U32, { .u32 = &(window_) } }
+
+/*
+ * Reads argv[2..] against a mode's @n options. Anything else, or an
+ * option without its value, is an unknown argument: a message and 2 (the
+ * mode's exit code), 0 when all were taken.
+ */
+static int parse_options(int argc, char **argv, const struct option_spec *opts, size_t n)
+{
+	size_t i;
+	int a;
+
+	for (a = 2; a < argc; a++) {
+		for (i = 0; i < n; i++)
+			if (!strcmp(argv[a], opts[i].name) && (opts[i].kind == OPT_OFF || a + 1 < argc))
+				break;
+		if (i == n) {
+			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
+			return 2;
+		}
+		switch (opts[i].kind) {
+		case OPT_TEXT:
+			*opts[i].to.text = argv[++a];
+			break;
+		case OPT_SIZE:
+			*opts[i].to.size = parse_size(argv[++a]);
+			break;
+		case OPT_U32:
+			*opts[i].to.u32 = strtoul(argv[++a], NULL, 0);
+			break;
+		case OPT_INT:
+			*opts[i].to.flag = atoi(argv[++a]);
+			break;
+		case OPT_OFF:
+			*opts[i].to.flag = 0;
+			break;
+		}
+	}
+	return 0;
+}
+
+#define PARSE_OPTIONS(argc, argv, table) \
+	parse_options(argc, argv, table, sizeof(table) / sizeof((table)[0]))
+
 /* The options every transfer mode takes (each mode has its own defaults). */
 struct transfer_opts {
 	uint64_t size, msg;
 	uint32_t seed, window;
 };
-
-/* Takes argv[*a] and its value if it is one of them; 0 if it is not. */
-static int transfer_option(int argc, char **argv, int *a, struct transfer_opts *o)
-{
-	if (*a + 1 >= argc)
-		return 0;
-	if (!strcmp(argv[*a], "--size"))
-		o->size = parse_size(argv[++*a]);
-	else if (!strcmp(argv[*a], "--msg"))
-		o->msg = parse_size(argv[++*a]);
-	else if (!strcmp(argv[*a], "--seed"))
-		o->seed = strtoul(argv[++*a], NULL, 0);
-	else if (!strcmp(argv[*a], "--window"))
-		o->window = strtoul(argv[++*a], NULL, 0);
-	else
-		return 0;
-	return 1;
-}
-
-static int unknown_argument(const char *arg)
-{
-	fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", arg);
-	return 2;
-}
 
 /* Both ends in one process: one QP (@depth deep) on each device. */
 static void sides_open(struct side *src, struct side *dst, const char *src_name,
@@ -421,7 +470,7 @@ static int cmd_xfer(int argc, char **argv)
 	const char *src_name = "efa_0", *dst_name = "efa_1";
 	uint64_t size = 1 << 20, msg = 4096, count, i;
 	uint32_t seed = 1, window = 64;
-	int do_read = 1, a;
+	int do_read = 1;
 	struct side src = { 0 }, dst = { 0 };
 	uint8_t *sbuf, *dbuf, *rbuf;
 	struct ibv_mr *smr, *dmr, *rmr;
@@ -429,27 +478,13 @@ static int cmd_xfer(int argc, char **argv)
 	uint64_t sent = 0, send_ok = 0, recv_ok = 0, posted_recv = 0, out_of_order = 0;
 	uint64_t duplicates = 0, bad_bytes = 0, read_bytes = 0, read_bad = 0, t0, deadline;
 	int failed = 0;
+	const struct option_spec opts[] = {
+		PAIR_OPTIONS(src_name, dst_name), TRANSFER_OPTIONS(size, msg, seed, window),
+		{ "--no-read", OPT_OFF, { .flag = &do_read } },
+	};
 
-	for (a = 2; a < argc; a++) {
-		if (!strcmp(argv[a], "--src") && a + 1 < argc)
-			src_name = argv[++a];
-		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
-			dst_name = argv[++a];
-		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
-			size = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
-			msg = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
-			seed = strtoul(argv[++a], NULL, 0);
-		else if (!strcmp(argv[a], "--window") && a + 1 < argc)
-			window = strtoul(argv[++a], NULL, 0);
-		else if (!strcmp(argv[a], "--no-read"))
-			do_read = 0;
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	if (size % msg || window == 0 || window > 512) {
 		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --window 1..512\n");
 		return 2;
@@ -594,18 +629,11 @@ static int cmd_send_one(int argc, char **argv)
 	struct ibv_mr *smr, *dmr;
 	struct ibv_wc wc;
 	uint64_t deadline;
-	int a, n;
+	int n;
+	const struct option_spec opts[] = { PAIR_OPTIONS(src_name, dst_name) };
 
-	for (a = 2; a < argc; a++) {
-		if (!strcmp(argv[a], "--src") && a + 1 < argc)
-			src_name = argv[++a];
-		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
-			dst_name = argv[++a];
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	side_open(&src, src_name, 4);
 	side_open(&dst, dst_name, 4);
 	side_connect(&src, &dst);
@@ -1080,24 +1108,16 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	struct send_result r;
 	uint8_t *pattern;
 	int sgpu, dgpu, failed, a;
+	const struct option_spec opts[] = {
+		PAIR_OPTIONS(src_name, dst_name), GPU_PAIR_OPTIONS(src_gpu_path, dst_gpu_path),
+		TRANSFER_OPTIONS(o.size, o.msg, o.seed, o.window),
+	};
 
 	for (a = 2; a < argc; a++)
 		if (!strcmp(argv[a], "--listen") || !strcmp(argv[a], "--connect"))
 			return cmd_gpu_xfer_end(argc, argv);
-	for (a = 2; a < argc; a++) {
-		if (transfer_option(argc, argv, &a, &o))
-			continue;
-		if (!strcmp(argv[a], "--src") && a + 1 < argc)
-			src_name = argv[++a];
-		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
-			dst_name = argv[++a];
-		else if (!strcmp(argv[a], "--src-gpu") && a + 1 < argc)
-			src_gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
-			dst_gpu_path = argv[++a];
-		else
-			return unknown_argument(argv[a]);
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	size = o.size;
 	msg = o.msg;
 	if (size % msg || size % 65536 || o.window == 0 || o.window > 512) {
@@ -1663,26 +1683,18 @@ static int cmd_gpu_xfer_end(int argc, char **argv)
 	struct xlab_hello me = { 0 };
 	struct side s = { 0 };
 	char pci[32];
-	int gpu, a, failed;
+	int gpu, failed;
+	const struct option_spec opts[] = {
+		{ "--listen", OPT_TEXT, { .text = &listen_at } },
+		{ "--connect", OPT_TEXT, { .text = &connect_to } },
+		{ "--role", OPT_TEXT, { .text = &role_name } },
+		{ "--dev", OPT_TEXT, { .text = &dev } }, { "--gpu", OPT_TEXT, { .text = &gpu_path } },
+		TRANSFER_OPTIONS(o.size, o.msg, o.seed, o.window),
+		{ "--timeout", OPT_INT, { .flag = &xlab_timeout_s } },
+	};
 
-	for (a = 2; a < argc; a++) {
-		if (transfer_option(argc, argv, &a, &o))
-			continue;
-		if (!strcmp(argv[a], "--listen") && a + 1 < argc)
-			listen_at = argv[++a];
-		else if (!strcmp(argv[a], "--connect") && a + 1 < argc)
-			connect_to = argv[++a];
-		else if (!strcmp(argv[a], "--role") && a + 1 < argc)
-			role_name = argv[++a];
-		else if (!strcmp(argv[a], "--dev") && a + 1 < argc)
-			dev = argv[++a];
-		else if (!strcmp(argv[a], "--gpu") && a + 1 < argc)
-			gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--timeout") && a + 1 < argc)
-			xlab_timeout_s = atoi(argv[++a]);
-		else
-			return unknown_argument(argv[a]);
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	if (!listen_at == !connect_to || !role_name ||
 	    (strcmp(role_name, "src") && strcmp(role_name, "dst"))) {
 		fprintf(stderr, "p2plab-efa-check: gpu-xfer needs one of --listen/--connect and --role src|dst\n");
@@ -1737,26 +1749,16 @@ static int cmd_gpu_pinned(int argc, char **argv)
 	struct ibv_mr *amr, *smr;
 	struct send_result r;
 	uint8_t *sbuf;
-	int gpu, a, fd, step;
+	int gpu, fd, step;
 	uint32_t handle;
 	const char *name;
+	const struct option_spec opts[] = {
+		PAIR_OPTIONS(src_name, dst_name), { "--gpu", OPT_TEXT, { .text = &gpu_path } },
+		{ "--size", OPT_SIZE, { .size = &size } }, { "--msg", OPT_SIZE, { .size = &msg } },
+	};
 
-	for (a = 2; a < argc; a++) {
-		if (!strcmp(argv[a], "--src") && a + 1 < argc)
-			src_name = argv[++a];
-		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
-			dst_name = argv[++a];
-		else if (!strcmp(argv[a], "--gpu") && a + 1 < argc)
-			gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--size") && a + 1 < argc)
-			size = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--msg") && a + 1 < argc)
-			msg = parse_size(argv[++a]);
-		else {
-			fprintf(stderr, "p2plab-efa-check: unknown argument %s\n", argv[a]);
-			return 2;
-		}
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	if (size % msg || size % 65536 || size / msg > 512) {
 		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg and of 64K, at most 512 messages\n");
 		return 2;
@@ -1854,28 +1856,17 @@ static int cmd_bench(int argc, char **argv)
 	struct mem_buf sb, db, rb;
 	struct send_result r;
 	uint8_t *pattern;
-	int sgpu = -1, dgpu = -1, failed, a;
+	int sgpu = -1, dgpu = -1, failed;
+	const struct option_spec opts[] = {
+		{ "--mem", OPT_TEXT, { .text = &mem } }, PAIR_OPTIONS(src_name, dst_name),
+		GPU_PAIR_OPTIONS(src_gpu_path, dst_gpu_path),
+		TRANSFER_OPTIONS(o.size, o.msg, o.seed, o.window),
+		{ "--read-wr", OPT_SIZE, { .size = &wr } },
+		{ "--read-window", OPT_U32, { .u32 = &read_window } },
+	};
 
-	for (a = 2; a < argc; a++) {
-		if (transfer_option(argc, argv, &a, &o))
-			continue;
-		if (!strcmp(argv[a], "--mem") && a + 1 < argc)
-			mem = argv[++a];
-		else if (!strcmp(argv[a], "--src") && a + 1 < argc)
-			src_name = argv[++a];
-		else if (!strcmp(argv[a], "--dst") && a + 1 < argc)
-			dst_name = argv[++a];
-		else if (!strcmp(argv[a], "--src-gpu") && a + 1 < argc)
-			src_gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--dst-gpu") && a + 1 < argc)
-			dst_gpu_path = argv[++a];
-		else if (!strcmp(argv[a], "--read-wr") && a + 1 < argc)
-			wr = parse_size(argv[++a]);
-		else if (!strcmp(argv[a], "--read-window") && a + 1 < argc)
-			read_window = strtoul(argv[++a], NULL, 0);
-		else
-			return unknown_argument(argv[a]);
-	}
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
 	if (!mem || (strcmp(mem, "gpu") && strcmp(mem, "ram"))) {
 		fprintf(stderr, "p2plab-efa-check: bench needs --mem gpu|ram\n");
 		return 2;
