@@ -850,6 +850,33 @@ static void mem_buf_make(struct mem_buf *b, int gpu, struct side *s, uint64_t si
 	}
 }
 
+/*
+ * The buffers of a one-process transfer: the seeded pattern (in RAM, and
+ * its CRC32C); the source holding it (read remotely afterwards) on one
+ * end; the destination of the SENDs and the read-back on the other;
+ * slot_msg[k], the message receive slot k got.
+ */
+struct transfer_bufs {
+	uint8_t *pattern;
+	uint32_t expected;
+	struct mem_buf src, dst, back;
+	uint64_t *slot_msg;
+};
+
+static void transfer_bufs_make(struct transfer_bufs *b, struct side *src, int src_gpu,
+			       struct side *dst, int dst_gpu, uint64_t size, uint64_t count,
+			       uint32_t seed)
+{
+	b->pattern = pattern_make(size, seed, &b->expected);
+	mem_buf_make(&b->src, src_gpu, src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+		     b->pattern);
+	mem_buf_make(&b->dst, dst_gpu, dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	mem_buf_make(&b->back, dst_gpu, dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
+	b->slot_msg = calloc(count, sizeof(*b->slot_msg));
+	if (!b->slot_msg)
+		die("calloc", ENOMEM);
+}
+
 /* CRC32C of a buffer's first @len bytes: the GPU's engine for VRAM, the CPU for RAM. */
 static uint32_t mem_buf_crc(const struct mem_buf *b, uint64_t len)
 {
@@ -1035,6 +1062,14 @@ static int send_all(struct side *src, struct side *dst, uint32_t skey, uint64_t 
 	return failed;
 }
 
+/* send_all of a one-process transfer: its source buffer into its destination buffer. */
+static int transfer_send(struct side *src, struct side *dst, struct transfer_bufs *b,
+			 uint64_t count, uint64_t msg, uint32_t window, struct send_result *r)
+{
+	return send_all(src, dst, b->src.mr->lkey, b->src.addr, b->dst.mr->lkey, b->dst.addr,
+			count, msg, window, b->slot_msg, r);
+}
+
 /*
  * RDMA reads of [raddr, rkey) of QP @src_qpn into [laddr, lkey) on @dst,
  * @wr bytes per work request, up to @window outstanding. Returns the bytes
@@ -1101,12 +1136,11 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	const char *src_name = "efa_0", *dst_name = "efa_1";
 	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
 	struct transfer_opts o = { .size = 4 << 20, .msg = 8192, .seed = 1, .window = 64 };
-	uint64_t size, msg, count, read_bytes = 0, t0, *slot_msg;
-	uint32_t expected, src_crc, dst_crc, read_crc;
+	uint64_t size, msg, count, read_bytes = 0, t0;
+	uint32_t src_crc, dst_crc, read_crc;
 	struct side src = { 0 }, dst = { 0 };
-	struct mem_buf sb, db, rb;
+	struct transfer_bufs b;
 	struct send_result r;
-	uint8_t *pattern;
 	int sgpu, dgpu, failed, a;
 	const struct option_spec opts[] = {
 		PAIR_OPTIONS(src_name, dst_name), GPU_PAIR_OPTIONS(src_gpu_path, dst_gpu_path),
@@ -1133,38 +1167,31 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	}
 	sides_connect(&src, &dst);
 
-	pattern = pattern_make(size, o.seed, &expected);
-	mem_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, pattern);
-	mem_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
-	mem_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
-	slot_msg = calloc(count, sizeof(*slot_msg));
-	if (!slot_msg)
-		die("calloc", ENOMEM);
+	transfer_bufs_make(&b, &src, sgpu, &dst, dgpu, size, count, o.seed);
 
 	t0 = now_ms();
-	failed = send_all(&src, &dst, sb.mr->lkey, sb.addr, db.mr->lkey, db.addr, count, msg,
-			  o.window, slot_msg, &r);
+	failed = transfer_send(&src, &dst, &b, count, msg, o.window, &r);
 	if (!failed)
-		read_bytes = read_all(&dst, src.qp->qp_num, sb.mr->rkey, sb.addr, rb.mr->lkey,
-				      rb.addr, size);
+		read_bytes = read_all(&dst, src.qp->qp_num, b.src.mr->rkey, b.src.addr,
+				      b.back.mr->lkey, b.back.addr, size);
 	printf("ms=%" PRIu64 "\n", now_ms() - t0);
 	failed |= read_bytes != size;
 
 	if (!failed && r.out_of_order)
-		gpu_put_home(&db.vram, slot_msg, count, msg);
-	src_crc = mem_buf_crc(&sb, size);
-	dst_crc = mem_buf_crc(&db, size);
-	read_crc = mem_buf_crc(&rb, size);
-	failed |= src_crc != expected || dst_crc != expected || read_crc != expected;
+		gpu_put_home(&b.dst.vram, b.slot_msg, count, msg);
+	src_crc = mem_buf_crc(&b.src, size);
+	dst_crc = mem_buf_crc(&b.dst, size);
+	read_crc = mem_buf_crc(&b.back, size);
+	failed |= src_crc != b.expected || dst_crc != b.expected || read_crc != b.expected;
 
 	print_transfer(count, size, msg);
 	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", r.send_ok, r.recv_ok);
 	print_arrivals(&r);
 	printf("read_bytes=%" PRIu64 "\n", read_bytes);
 	printf("expected_crc=0x%08x\nsrc_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
-	       expected, src_crc, dst_crc, read_crc);
+	       b.expected, src_crc, dst_crc, read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&sb, &db, &rb);
+	mem_bufs_dereg(&b.src, &b.dst, &b.back);
 	printf("dereg=ok\n");
 	return failed ? 1 : 0;
 }
@@ -1850,12 +1877,11 @@ static int cmd_bench(int argc, char **argv)
 	const char *src_gpu_path = "/dev/p2plab-gpu0", *dst_gpu_path = "/dev/p2plab-gpu1";
 	struct transfer_opts o = { .size = 8 << 20, .msg = 8192, .seed = 1, .window = 64 };
 	uint64_t size, msg, wr = 1 << 20, count, k, read_bytes, t0;
-	uint64_t send_us, read_us, *slot_msg;
-	uint32_t read_window = 4, depth, expected, sent_crc, dst_crc, read_crc;
+	uint64_t send_us, read_us;
+	uint32_t read_window = 4, depth, sent_crc, dst_crc, read_crc;
 	struct side src = { 0 }, dst = { 0 };
-	struct mem_buf sb, db, rb;
+	struct transfer_bufs b;
 	struct send_result r;
-	uint8_t *pattern;
 	int sgpu = -1, dgpu = -1, failed;
 	const struct option_spec opts[] = {
 		{ "--mem", OPT_TEXT, { .text = &mem } }, PAIR_OPTIONS(src_name, dst_name),
@@ -1890,24 +1916,17 @@ static int cmd_bench(int argc, char **argv)
 	}
 	sides_connect(&src, &dst);
 
-	pattern = pattern_make(size, o.seed, &expected);
-	mem_buf_make(&sb, sgpu, &src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, pattern);
-	mem_buf_make(&db, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
-	mem_buf_make(&rb, dgpu, &dst, size, IBV_ACCESS_LOCAL_WRITE, NULL);
-	slot_msg = calloc(count, sizeof(*slot_msg));
-	if (!slot_msg)
-		die("calloc", ENOMEM);
+	transfer_bufs_make(&b, &src, sgpu, &dst, dgpu, size, count, o.seed);
 
 	t0 = now_us();
-	failed = send_all(&src, &dst, sb.mr->lkey, sb.addr, db.mr->lkey, db.addr, count, msg,
-			  o.window, slot_msg, &r);
+	failed = transfer_send(&src, &dst, &b, count, msg, o.window, &r);
 	send_us = now_us() - t0;
 	read_us = 0;
 	read_bytes = 0;
 	if (!failed) {
 		t0 = now_us();
-		read_bytes = read_windowed(&dst, src.qp->qp_num, sb.mr->rkey, sb.addr, rb.mr->lkey,
-					   rb.addr, size, wr, read_window);
+		read_bytes = read_windowed(&dst, src.qp->qp_num, b.src.mr->rkey, b.src.addr,
+					   b.back.mr->lkey, b.back.addr, size, wr, read_window);
 		read_us = now_us() - t0;
 	}
 	failed |= read_bytes != size;
@@ -1915,10 +1934,10 @@ static int cmd_bench(int argc, char **argv)
 	/* What the destination must hold: message slot_msg[k] in slot k. */
 	sent_crc = 0;
 	for (k = 0; k < count; k++)
-		sent_crc = crc32c_update(sent_crc, pattern + slot_msg[k] * msg, msg);
-	dst_crc = mem_buf_crc(&db, size);
-	read_crc = mem_buf_crc(&rb, size);
-	failed |= dst_crc != sent_crc || read_crc != expected;
+		sent_crc = crc32c_update(sent_crc, b.pattern + b.slot_msg[k] * msg, msg);
+	dst_crc = mem_buf_crc(&b.dst, size);
+	read_crc = mem_buf_crc(&b.back, size);
+	failed |= dst_crc != sent_crc || read_crc != b.expected;
 
 	printf("mem=%s\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\nread_wr=%" PRIu64 "\n", mem, size, msg,
 	       wr);
@@ -1928,9 +1947,9 @@ static int cmd_bench(int argc, char **argv)
 	printf("read_bytes=%" PRIu64 "\n", read_bytes);
 	printf("send_us=%" PRIu64 "\nread_us=%" PRIu64 "\n", send_us, read_us);
 	printf("expected_crc=0x%08x\nsent_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
-	       expected, sent_crc, dst_crc, read_crc);
+	       b.expected, sent_crc, dst_crc, read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&sb, &db, &rb);
+	mem_bufs_dereg(&b.src, &b.dst, &b.back);
 	return failed ? 1 : 0;
 }
 
