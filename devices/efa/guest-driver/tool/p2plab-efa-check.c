@@ -465,198 +465,6 @@ static void print_verdict(int failed)
 	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
 }
 
-static int cmd_xfer(int argc, char **argv)
-{
-	const char *src_name = "efa_0", *dst_name = "efa_1";
-	uint64_t size = 1 << 20, msg = 4096, count, i;
-	uint32_t seed = 1, window = 64;
-	int do_read = 1;
-	struct side src = { 0 }, dst = { 0 };
-	uint8_t *sbuf, *dbuf, *rbuf;
-	struct ibv_mr *smr, *dmr, *rmr;
-	uint8_t *seen;
-	uint64_t sent = 0, send_ok = 0, recv_ok = 0, posted_recv = 0, out_of_order = 0;
-	uint64_t duplicates = 0, bad_bytes = 0, read_bytes = 0, read_bad = 0, t0, deadline;
-	int failed = 0;
-	const struct option_spec opts[] = {
-		PAIR_OPTIONS(src_name, dst_name), TRANSFER_OPTIONS(size, msg, seed, window),
-		{ "--no-read", OPT_OFF, { .flag = &do_read } },
-	};
-
-	if (PARSE_OPTIONS(argc, argv, opts))
-		return 2;
-	if (size % msg || window == 0 || window > 512) {
-		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --window 1..512\n");
-		return 2;
-	}
-	count = size / msg;
-	side_open(&src, src_name, window);
-	side_open(&dst, dst_name, window);
-	if (msg > src.max_msg || msg > 65535) {
-		fprintf(stderr, "p2plab-efa-check: --msg %" PRIu64 " is over the port's max_msg_sz %u\n",
-			msg, src.max_msg);
-		return 2;
-	}
-	side_connect(&src, &dst);
-	side_connect(&dst, &src);
-	sbuf = alloc_buf(size);
-	dbuf = alloc_buf(size);
-	rbuf = alloc_buf(size);
-	seen = calloc(count, 1);
-	if (!seen)
-		die("calloc", ENOMEM);
-	fill(sbuf, size, seed);
-	smr = reg(&src, sbuf, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-	dmr = reg(&dst, dbuf, size, IBV_ACCESS_LOCAL_WRITE);
-	rmr = reg(&dst, rbuf, size, IBV_ACCESS_LOCAL_WRITE);
-
-	t0 = now_ms();
-	deadline = t0 + TIMEOUT_MS;
-	/* Receives first, a window of them; each completion reposts the next slot. */
-	while (posted_recv < count && posted_recv < window) {
-		post_recv(&dst, posted_recv, dmr->lkey, dbuf + posted_recv * msg, msg);
-		posted_recv++;
-	}
-	while ((send_ok < count || recv_ok < count) && !failed) {
-		struct ibv_wc wc[16];
-		int n, k;
-
-		while (sent < count && sent - send_ok < window) {
-			post_send(&src, dst.qp->qp_num, sent, (uint32_t)sent, smr->lkey,
-				  sbuf + sent * msg, msg);
-			sent++;
-		}
-		n = ibv_poll_cq(src.cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-			}
-			send_ok++;
-		}
-		n = ibv_poll_cq(dst.cq, 16, wc);
-		for (k = 0; k < n; k++) {
-			uint64_t slot = wc[k].wr_id, j;
-
-			if (wc[k].status != IBV_WC_SUCCESS) {
-				note_error(&wc[k]);
-				failed = 1;
-				continue;
-			}
-			j = be32toh(wc[k].imm_data);
-			if (!(wc[k].wc_flags & IBV_WC_WITH_IMM) || j >= count || wc[k].byte_len != msg) {
-				failed = 1;
-				continue;
-			}
-			if (seen[j])
-				duplicates++;
-			seen[j] = 1;
-			out_of_order += j != slot;
-			bad_bytes += mismatches(dbuf + slot * msg, sbuf + j * msg, msg);
-			recv_ok++;
-			if (posted_recv < count) {
-				post_recv(&dst, posted_recv, dmr->lkey, dbuf + posted_recv * msg, msg);
-				posted_recv++;
-			}
-		}
-		if (now_ms() > deadline) {
-			fprintf(stderr, "p2plab-efa-check: timed out (%" PRIu64 " sent OK, %" PRIu64
-				" received)\n", send_ok, recv_ok);
-			failed = 1;
-		}
-	}
-	if (do_read && !failed) {
-		uint64_t chunk = dst.max_rdma < (1u << 20) ? dst.max_rdma : (1u << 20), off;
-
-		for (off = 0; off < size && !failed; off += chunk) {
-			uint64_t len = size - off < chunk ? size - off : chunk;
-			struct ibv_wc wc;
-			int n, err;
-
-			ibv_wr_start(dst.qpx);
-			dst.qpx->wr_id = off;
-			dst.qpx->wr_flags = IBV_SEND_SIGNALED;
-			ibv_wr_rdma_read(dst.qpx, smr->rkey, (uintptr_t)(sbuf + off));
-			ibv_wr_set_sge(dst.qpx, rmr->lkey, (uintptr_t)(rbuf + off), len);
-			ibv_wr_set_ud_addr(dst.qpx, dst.ah, src.qp->qp_num, QKEY);
-			err = ibv_wr_complete(dst.qpx);
-			if (err)
-				die("ibv_wr_complete (read)", err);
-			do {
-				n = ibv_poll_cq(dst.cq, 1, &wc);
-				if (!n && now_ms() > deadline) {
-					fprintf(stderr, "p2plab-efa-check: RDMA read timed out\n");
-					failed = 1;
-					break;
-				}
-			} while (!n);
-			if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS)) {
-				if (n == 1)
-					note_error(&wc);
-				failed = 1;
-			} else if (n == 1) {
-				read_bytes += len;
-			}
-		}
-		read_bad = mismatches(rbuf, sbuf, size);
-	}
-	printf("messages=%" PRIu64 "\nbytes=%" PRIu64 "\nmsg=%" PRIu64 "\n", count, size, msg);
-	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", send_ok, recv_ok);
-	printf("out_of_order=%" PRIu64 "\nduplicates=%" PRIu64 "\n", out_of_order, duplicates);
-	{
-		uint64_t missing = 0;
-
-		for (i = 0; i < count; i++)
-			missing += !seen[i];
-		printf("missing=%" PRIu64 "\n", missing);
-		failed |= missing != 0 || duplicates != 0;
-	}
-	printf("mismatched_bytes=%" PRIu64 "\n", bad_bytes);
-	printf("read_bytes=%" PRIu64 "\nread_mismatched_bytes=%" PRIu64 "\n", read_bytes, read_bad);
-	failed |= bad_bytes != 0 || read_bad != 0 || (do_read && read_bytes != size);
-	printf("verify=%s\n", failed ? "bad" : "ok");
-	printf("first_error_status=%d\nfirst_vendor_err=%u\n", first_status, first_vendor);
-	printf("ms=%" PRIu64 "\n", now_ms() - t0);
-	printf("max_msg_sz=%u\nmax_rdma_size=%u\n", src.max_msg, src.max_rdma);
-	return failed ? 1 : 0;
-}
-
-static int cmd_send_one(int argc, char **argv)
-{
-	const char *src_name = "efa_0", *dst_name = "efa_1";
-	struct side src = { 0 }, dst = { 0 };
-	uint8_t *sbuf, *dbuf;
-	struct ibv_mr *smr, *dmr;
-	struct ibv_wc wc;
-	uint64_t deadline;
-	int n;
-	const struct option_spec opts[] = { PAIR_OPTIONS(src_name, dst_name) };
-
-	if (PARSE_OPTIONS(argc, argv, opts))
-		return 2;
-	side_open(&src, src_name, 4);
-	side_open(&dst, dst_name, 4);
-	side_connect(&src, &dst);
-	sbuf = alloc_buf(4096);
-	dbuf = alloc_buf(4096);
-	smr = reg(&src, sbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	dmr = reg(&dst, dbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	post_recv(&dst, 0, dmr->lkey, dbuf, 4096);
-	post_send(&src, dst.qp->qp_num, 7, 7, smr->lkey, sbuf, 64);
-	deadline = now_ms() + TIMEOUT_MS;
-	do {
-		n = ibv_poll_cq(src.cq, 1, &wc);
-	} while (n == 0 && now_ms() < deadline);
-	if (n != 1) {
-		fprintf(stderr, "p2plab-efa-check: no send completion\n");
-		return 2;
-	}
-	printf("status=%d\nstatus_name=%s\nvendor_err=%u\n", wc.status,
-	       ibv_wc_status_str(wc.status), wc.vendor_err);
-	return 0;
-}
-
-
 /* ---- GPU memory through dma-buf MRs ---------------------------------- */
 
 /* Where dma-buf MRs start in their MR's address space (any page-aligned value). */
@@ -891,6 +699,8 @@ static void mem_bufs_dereg(struct mem_buf *a, struct mem_buf *b, struct mem_buf 
 	if ((a && ibv_dereg_mr(a->mr)) || (b && ibv_dereg_mr(b->mr)) || (c && ibv_dereg_mr(c->mr)))
 		die("ibv_dereg_mr", errno);
 }
+
+/* ---- moving data: SENDs into receive slots, RDMA reads --------------- */
 
 /*
  * The sending end of a run of SENDs: @count messages of @msg bytes from
@@ -1127,6 +937,101 @@ static uint64_t read_all(struct side *dst, uint32_t src_qpn, uint32_t rkey, uint
 	uint64_t chunk = dst->max_rdma < (1u << 20) ? dst->max_rdma : (1u << 20);
 
 	return read_windowed(dst, src_qpn, rkey, raddr, lkey, laddr, size, chunk, 1);
+}
+
+/* ---- xfer, send-one, gpu-xfer (one process) -------------------------- */
+
+static int cmd_xfer(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1";
+	uint64_t size = 1 << 20, msg = 4096, count, k;
+	uint64_t bad_bytes = 0, read_bytes = 0, read_bad = 0, t0;
+	uint32_t seed = 1, window = 64;
+	int do_read = 1, failed;
+	struct side src = { 0 }, dst = { 0 };
+	struct transfer_bufs b;
+	struct send_result r;
+	const struct option_spec opts[] = {
+		PAIR_OPTIONS(src_name, dst_name), TRANSFER_OPTIONS(size, msg, seed, window),
+		{ "--no-read", OPT_OFF, { .flag = &do_read } },
+	};
+
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
+	if (size % msg || window == 0 || window > 512) {
+		fprintf(stderr, "p2plab-efa-check: --size must be a multiple of --msg, --window 1..512\n");
+		return 2;
+	}
+	count = size / msg;
+	sides_open(&src, &dst, src_name, dst_name, window);
+	if (msg > src.max_msg || msg > 65535) {
+		fprintf(stderr, "p2plab-efa-check: --msg %" PRIu64 " is over the port's max_msg_sz %u\n",
+			msg, src.max_msg);
+		return 2;
+	}
+	sides_connect(&src, &dst);
+	transfer_bufs_make(&b, &src, -1, &dst, -1, size, count, seed);
+	/* slot_msg[k] == count: no message reached slot k, nothing to compare. */
+	for (k = 0; k < count; k++)
+		b.slot_msg[k] = count;
+
+	t0 = now_ms();
+	failed = transfer_send(&src, &dst, &b, count, msg, window, &r);
+	/* Each slot against the source message it got (SRD may reorder). */
+	for (k = 0; k < count; k++)
+		if (b.slot_msg[k] < count)
+			bad_bytes += mismatches(b.dst.ram + k * msg, b.pattern + b.slot_msg[k] * msg,
+						msg);
+	if (do_read && !failed) {
+		read_bytes = read_all(&dst, src.qp->qp_num, b.src.mr->rkey, b.src.addr,
+				      b.back.mr->lkey, b.back.addr, size);
+		read_bad = mismatches(b.back.ram, b.pattern, size);
+	}
+	print_transfer(count, size, msg);
+	printf("send_ok=%" PRIu64 "\nrecv_ok=%" PRIu64 "\n", r.send_ok, r.recv_ok);
+	print_arrivals(&r);
+	printf("mismatched_bytes=%" PRIu64 "\n", bad_bytes);
+	printf("read_bytes=%" PRIu64 "\nread_mismatched_bytes=%" PRIu64 "\n", read_bytes, read_bad);
+	failed |= bad_bytes != 0 || read_bad != 0 || (do_read && read_bytes != size);
+	print_verdict(failed);
+	printf("ms=%" PRIu64 "\n", now_ms() - t0);
+	printf("max_msg_sz=%u\nmax_rdma_size=%u\n", src.max_msg, src.max_rdma);
+	return failed ? 1 : 0;
+}
+
+static int cmd_send_one(int argc, char **argv)
+{
+	const char *src_name = "efa_0", *dst_name = "efa_1";
+	struct side src = { 0 }, dst = { 0 };
+	uint8_t *sbuf, *dbuf;
+	struct ibv_mr *smr, *dmr;
+	struct ibv_wc wc;
+	uint64_t deadline;
+	int n;
+	const struct option_spec opts[] = { PAIR_OPTIONS(src_name, dst_name) };
+
+	if (PARSE_OPTIONS(argc, argv, opts))
+		return 2;
+	side_open(&src, src_name, 4);
+	side_open(&dst, dst_name, 4);
+	side_connect(&src, &dst);
+	sbuf = alloc_buf(4096);
+	dbuf = alloc_buf(4096);
+	smr = reg(&src, sbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	dmr = reg(&dst, dbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	post_recv(&dst, 0, dmr->lkey, dbuf, 4096);
+	post_send(&src, dst.qp->qp_num, 7, 7, smr->lkey, sbuf, 64);
+	deadline = now_ms() + TIMEOUT_MS;
+	do {
+		n = ibv_poll_cq(src.cq, 1, &wc);
+	} while (n == 0 && now_ms() < deadline);
+	if (n != 1) {
+		fprintf(stderr, "p2plab-efa-check: no send completion\n");
+		return 2;
+	}
+	printf("status=%d\nstatus_name=%s\nvendor_err=%u\n", wc.status,
+	       ibv_wc_status_str(wc.status), wc.vendor_err);
+	return 0;
 }
 
 static int cmd_gpu_xfer_end(int argc, char **argv);
