@@ -658,6 +658,21 @@ static void mem_buf_make(struct mem_buf *b, int gpu, struct side *s, uint64_t si
 	}
 }
 
+/* CRC32C of a buffer's first @len bytes: the GPU's engine for VRAM, the CPU for RAM. */
+static uint32_t mem_buf_crc(const struct mem_buf *b, uint64_t len)
+{
+	if (b->gpu >= 0)
+		return gpu_crc(&b->vram, len);
+	return crc32c(b->ram, len);
+}
+
+/* Deregisters a buffer's MR: a failure exits 2 (the fact dereg=ok says they all went). */
+static void mem_buf_dereg(struct mem_buf *b)
+{
+	if (ibv_dereg_mr(b->mr))
+		die("ibv_dereg_mr", errno);
+}
+
 /*
  * The buffers of a one-process transfer: the seeded pattern (in RAM, and
  * its CRC32C); the source holding it (read remotely afterwards) on one
@@ -685,19 +700,11 @@ static void transfer_bufs_make(struct transfer_bufs *b, struct side *src, int sr
 		die("calloc", ENOMEM);
 }
 
-/* CRC32C of a buffer's first @len bytes: the GPU's engine for VRAM, the CPU for RAM. */
-static uint32_t mem_buf_crc(const struct mem_buf *b, uint64_t len)
+static void transfer_bufs_dereg(struct transfer_bufs *b)
 {
-	if (b->gpu >= 0)
-		return gpu_crc(&b->vram, len);
-	return crc32c(b->ram, len);
-}
-
-/* Deregisters a transfer's MRs (the fact dereg=ok says they all went). */
-static void mem_bufs_dereg(struct mem_buf *a, struct mem_buf *b, struct mem_buf *c)
-{
-	if ((a && ibv_dereg_mr(a->mr)) || (b && ibv_dereg_mr(b->mr)) || (c && ibv_dereg_mr(c->mr)))
-		die("ibv_dereg_mr", errno);
+	mem_buf_dereg(&b->src);
+	mem_buf_dereg(&b->dst);
+	mem_buf_dereg(&b->back);
 }
 
 /* ---- moving data: SENDs into receive slots, RDMA reads --------------- */
@@ -1012,8 +1019,7 @@ static int cmd_send_one(int argc, char **argv)
 
 	if (PARSE_OPTIONS(argc, argv, opts))
 		return 2;
-	side_open(&src, src_name, 4);
-	side_open(&dst, dst_name, 4);
+	sides_open(&src, &dst, src_name, dst_name, 4);
 	side_connect(&src, &dst);
 	sbuf = alloc_buf(4096);
 	dbuf = alloc_buf(4096);
@@ -1096,7 +1102,7 @@ static int cmd_gpu_xfer(int argc, char **argv)
 	printf("expected_crc=0x%08x\nsrc_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
 	       b.expected, src_crc, dst_crc, read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&b.src, &b.dst, &b.back);
+	transfer_bufs_dereg(&b);
 	printf("dereg=ok\n");
 	return failed ? 1 : 0;
 }
@@ -1519,7 +1525,7 @@ static int xlab_source(struct side *s, int gpu, const char *listen_at, const cha
 	       res.status, res.recv_ok, res.read_bytes);
 	printf("peer_dst_crc=0x%08x\npeer_read_crc=0x%08x\n", res.dst_crc, res.read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&sb, NULL, NULL);
+	mem_buf_dereg(&sb);
 	close(fd);
 	return failed;
 }
@@ -1594,7 +1600,8 @@ static int xlab_destination(struct side *s, int gpu, const char *listen_at,
 	printf("peer_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n", peer.crc, dst_crc,
 	       read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&db, &rb, NULL);
+	mem_buf_dereg(&db);
+	mem_buf_dereg(&rb);
 	close(fd);
 	return failed;
 }
@@ -1854,7 +1861,7 @@ static int cmd_bench(int argc, char **argv)
 	printf("expected_crc=0x%08x\nsent_crc=0x%08x\ndst_crc=0x%08x\nread_crc=0x%08x\n",
 	       b.expected, sent_crc, dst_crc, read_crc);
 	print_verdict(failed);
-	mem_bufs_dereg(&b.src, &b.dst, &b.back);
+	transfer_bufs_dereg(&b);
 	return failed ? 1 : 0;
 }
 
