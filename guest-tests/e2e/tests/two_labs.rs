@@ -191,30 +191,6 @@ impl Drop for RunningLab {
     }
 }
 
-/// Decompresses the guest kernel's virtio-net modules (not in the base
-/// initramfs) into `share`, where the guest script insmods them.
-fn share_net_modules(paths: &LabPaths, share: &Path) {
-    let env = paths.guest_env();
-    let kver = std::fs::read_to_string(env.join("kernel-version")).unwrap();
-    let modules = env
-        .join("root/lib/modules")
-        .join(kver.trim())
-        .join("kernel");
-    for (name, rel) in [
-        ("failover", "net/core/failover.ko.xz"),
-        ("net_failover", "drivers/net/net_failover.ko.xz"),
-        ("virtio_net", "drivers/net/virtio_net.ko.xz"),
-    ] {
-        let out = Command::new("xz")
-            .arg("-dc")
-            .arg(modules.join(rel))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "xz -dc {rel}");
-        std::fs::write(share.join(format!("{name}.ko")), out.stdout).unwrap();
-    }
-}
-
 /// The result row of a perftest output (the line after `#bytes`), as
 /// numbers; whether its clock calibration failed.
 fn perftest_row(text: &str) -> (Vec<f64>, bool) {
@@ -288,7 +264,6 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
         let share = work.join(format!("share-{name}"));
         let runs = work.join(format!("runs-{name}"));
         std::fs::create_dir_all(&share).unwrap();
-        share_net_modules(&paths, &share);
         std::fs::write(
             share.join("two-labs.sh"),
             include_str!("../guest/two-labs.sh"),
@@ -376,6 +351,8 @@ fn two_labs_rdma_over_tcp_between_network_namespaces() {
 
     // 1. Ports up, two GIDs.
     for (facts, out) in [(&facts_a, &out_a), (&facts_b, &out_b)] {
+        // The init loads virtio_net for the lab's virtio-net NIC.
+        assert_eq!(fact(facts, out, "VIRTIO_NET"), "loaded");
         assert_eq!(
             fact(facts, out, "PEER_PING"),
             "1",
