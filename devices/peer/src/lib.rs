@@ -55,7 +55,7 @@ use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
-pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory};
+pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory, ReadPaths};
 pub use route::{DirectPeers, Route};
 pub use session::{Reply, SessionError, UserLink, UserSession};
 pub use wire::{BadFrame, Frame, FRAME, MAX_BAR};
@@ -497,6 +497,22 @@ impl PeerRegistry {
         );
     }
 
+    /// Holes are about to be punched into exported BAR `bar`'s memory
+    /// (a zero fill giving pages back): every user forgets which of the
+    /// BAR's pages it knew to be in memory, so none reads a fresh hole
+    /// through its mapping (which would allocate it again). Call it
+    /// before the punch; it waits for nobody (an access already running
+    /// costs at most the pages it touches, zeros: never wrong data).
+    pub fn punching_holes(&self, bar: u8) {
+        let owner = lock(&self.shared.owner);
+        let Some(b) = owner.bars.iter().find(|b| b.bar == u32::from(bar)) else {
+            return;
+        };
+        for conn in &owner.conns {
+            conn.link.punching_holes(b.slot);
+        }
+    }
+
     /// Bytes peers moved into and out of exported BAR `bar`, as they
     /// counted them (a user whose counts go backwards is cut off; sums
     /// saturate instead of wrapping).
@@ -808,5 +824,7 @@ fn connect(shared: &Arc<Shared>, path: PathBuf) {
     });
 }
 
+#[cfg(test)]
+mod residency_tests;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The memory that travels over a peer socket: a BAR's sealed memfd
-//! (mapped for writes, read with pread: reads through a mapping would
+//! (mapped; read through the mapping only where its pages are known to
+//! be in memory, else with pread: a read through a mapping would
 //! allocate pages in VRAM's holes) and two small shared pages:
 //!
 //! - the owner's **placement page**: per BAR slot, the sequence number of
@@ -7,7 +8,10 @@
 //!   PLACE, and fills it with [`REVOKED`] when it cuts a user off; a
 //!   user's window serves an access only while the page still holds the
 //!   placement the window was made for, so revocation takes effect at
-//!   once, whether or not the user is listening;
+//!   once, whether or not the user is listening. Per slot it also holds
+//!   the **hole count**, which the owner raises before it punches holes
+//!   into the BAR's memory (a GPU zero fill): a user forgets which pages
+//!   it knew to be in memory when it sees the count change;
 //! - the user's **counter page**: per slot, the bytes the user moved into
 //!   and out of the owner's BAR, which the owner's stats show.
 //!
@@ -24,7 +28,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use p2plab_vfio_user::fdkind::{fd_kind, FdKind};
 use p2plab_vfio_user::{Access, DmaError, LocalMemory, VolatileSlice};
@@ -322,6 +326,68 @@ pub fn placement_word(slot: u64) -> usize {
     usize::try_from(slot).unwrap_or(WORDS)
 }
 
+/// First word of the hole counts in a placement page (one per slot).
+const HOLES_BASE: usize = 64;
+
+/// Word of slot `slot`'s hole count in a placement page: the owner raises
+/// it before it punches holes into the slot's BAR memory.
+pub fn holes_word(slot: u64) -> usize {
+    usize::try_from(slot)
+        .ok()
+        .and_then(|s| s.checked_add(HOLES_BASE))
+        .unwrap_or(WORDS)
+}
+
+/// Bytes of a page of peer memory (the unit of residency).
+const MEM_PAGE: u64 = 4096;
+/// Span looked up by one mincore on a residency miss: the 2 MiB-aligned
+/// chunks around the access, so a stream of packets through one buffer
+/// costs one lookup per 2 MiB instead of one syscall per packet.
+const LOOKUP_SPAN: u64 = 2 << 20;
+
+/// Which pages of a peer's memory this user saw in memory, and under
+/// which hole count of the owner's. A set bit only ever means "was
+/// allocated when looked up, and the owner punched no hole since":
+/// nothing else removes a page of a memfd sealed against shrinking
+/// (swap-out keeps the data; reading a swapped page swaps it in and
+/// allocates nothing new).
+#[derive(Debug)]
+struct Residency {
+    /// The owner's hole count the bits were learnt under.
+    holes: u64,
+    /// One bit per [`MEM_PAGE`]. Allocated zeroed (calloc: for a large
+    /// BAR the kernel hands out zero pages lazily, so a 64 GiB VRAM's
+    /// 2 MiB of bits cost only what is touched).
+    bits: Vec<u64>,
+}
+
+impl Residency {
+    fn new(size: u64) -> Self {
+        Self {
+            holes: 0,
+            bits: vec![0; Self::words(size)],
+        }
+    }
+
+    fn words(size: u64) -> usize {
+        usize::try_from(size.div_ceil(MEM_PAGE).div_ceil(64)).unwrap_or(0)
+    }
+
+    /// Whether every page of `first..=last` is known to be in memory.
+    fn all_known(&self, first: u64, last: u64) -> bool {
+        (first..=last).all(|p| {
+            let (word, bit) = ((p / 64) as usize, p % 64);
+            self.bits.get(word).is_some_and(|w| w >> bit & 1 == 1)
+        })
+    }
+
+    fn mark(&mut self, page: u64) {
+        if let Some(w) = self.bits.get_mut((page / 64) as usize) {
+            *w |= 1 << (page % 64);
+        }
+    }
+}
+
 /// Words of slot `slot`'s (written, read) counters in a counter page.
 pub fn counter_words(slot: u64) -> (usize, usize) {
     let base = usize::try_from(slot).unwrap_or(WORDS).saturating_mul(2);
@@ -333,9 +399,13 @@ pub fn counter_words(slot: u64) -> (usize, usize) {
 ///
 /// Writes are copies into a shared mapping of the memfd: one memcpy, as a
 /// write into mmapped guest RAM is (pwrite adds a syscall and a page-cache
-/// lookup per page). Reads stay pread:
-/// a read through the mapping would allocate a page for every hole it
-/// touches, where pread returns zeros and allocates nothing.
+/// lookup per page). Reads are copies out of the mapping too, where every
+/// page they touch is known to be in memory; elsewhere pread, since a
+/// read through the mapping would allocate a page for every hole it
+/// touches, where pread returns zeros and allocates nothing. Which pages
+/// are in memory is learnt with one mincore per 2 MiB around a miss and
+/// kept until the owner's hole count changes, so reading a buffer that
+/// stays put costs no syscall per packet.
 pub struct PeerMemory {
     file: Arc<File>,
     /// The memfd's first `size` bytes. The memfd is sealed against
@@ -348,6 +418,20 @@ pub struct PeerMemory {
     /// The placement (PLACE sequence number) our window was last set up
     /// for; 0 before the first.
     applied: AtomicU64,
+    /// Pages known to be in memory (read through the mapping).
+    residency: Mutex<Residency>,
+    /// Copying reads served from the mapping, and by pread.
+    mapped_reads: AtomicU64,
+    pread_reads: AtomicU64,
+}
+
+/// How [`PeerMemory`]'s copying reads were served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadPaths {
+    /// Copied out of the mapping (every page known to be in memory).
+    pub mapped: u64,
+    /// Read with pread (a hole, or a page not known to be in memory).
+    pub pread: u64,
 }
 
 impl PeerMemory {
@@ -383,7 +467,19 @@ impl PeerMemory {
             placements,
             slot,
             applied: AtomicU64::new(0),
+            residency: Mutex::new(Residency::new(size)),
+            mapped_reads: AtomicU64::new(0),
+            pread_reads: AtomicU64::new(0),
         })
+    }
+
+    /// How the copying reads ([`LocalMemory::read_at`]) were served so
+    /// far.
+    pub fn read_paths(&self) -> ReadPaths {
+        ReadPaths {
+            mapped: self.mapped_reads.load(Ordering::Relaxed),
+            pread: self.pread_reads.load(Ordering::Relaxed),
+        }
     }
 
     /// Our window now sits where PLACE `seq` put it.
@@ -398,28 +494,70 @@ impl PeerMemory {
     }
 
     /// Whether every page of `[offset, offset+len)` of the memfd is in
-    /// memory (mincore on our mapping looks the memfd's pages up without
-    /// faulting any in): a hole, or a page swapped out, says no. Costs a
-    /// byte per page of the range, whatever the memfd's size.
-    fn has_no_hole(&self, offset: u64, len: u64) -> bool {
-        const PAGE: u64 = 4096;
+    /// memory, so that touching it through the mapping allocates
+    /// nothing: known from an earlier lookup under the owner's current
+    /// hole count, or looked up now (mincore on our mapping finds the
+    /// memfd's pages without faulting any in) over the 2 MiB-aligned
+    /// span around the range, remembering every page found. A hole, or a
+    /// page swapped out, says no.
+    ///
+    /// The owner raises the hole count before it punches: a count read
+    /// before the punch either comes with a lookup that already sees the
+    /// hole, or the next access reads the new count and forgets. So a
+    /// hole punched while an access runs costs at most the pages of the
+    /// accesses in flight (allocated again, reading zeros: never wrong
+    /// data), as for any reader of a mapping.
+    fn is_resident(&self, offset: u64, len: u64) -> bool {
         let Some(end) = offset.checked_add(len).filter(|&end| end <= self.size) else {
             return false;
         };
-        let first = offset - offset % PAGE;
-        let pages = usize::try_from(end.div_ceil(PAGE) - first / PAGE).unwrap_or(usize::MAX);
-        let (Ok(start), Some(span)) = (usize::try_from(first), pages.checked_mul(PAGE as usize))
-        else {
+        if len == 0 {
+            return true;
+        }
+        let (first, last) = (offset / MEM_PAGE, (end - 1) / MEM_PAGE);
+        let holes = self.placements.load(holes_word(self.slot));
+        let mut known = self
+            .residency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if known.holes != holes {
+            *known = Residency::new(self.size);
+            known.holes = holes;
+        }
+        if known.all_known(first, last) {
+            return true;
+        }
+        let span_start = offset - offset % LOOKUP_SPAN;
+        let span_end = end.div_ceil(LOOKUP_SPAN).saturating_mul(LOOKUP_SPAN);
+        let span_end = span_end.min(self.size.div_ceil(MEM_PAGE) * MEM_PAGE);
+        let Some(resident) = self.lookup(span_start, span_end) else {
             return false;
         };
+        let base = span_start / MEM_PAGE;
+        for (i, r) in resident.iter().enumerate() {
+            if r & 1 == 1 {
+                known.mark(base + i as u64);
+            }
+        }
+        known.all_known(first, last)
+    }
+
+    /// mincore over the page-aligned `[start, end)` of our mapping: one
+    /// byte per page, bit 0 set for a page in memory.
+    fn lookup(&self, start: u64, end: u64) -> Option<Vec<u8>> {
+        let pages = usize::try_from((end - start) / MEM_PAGE).ok()?;
+        let span = pages.checked_mul(MEM_PAGE as usize)?;
         let mut resident = vec![0u8; pages];
-        let base = self.mapping.as_ptr().wrapping_add(start);
+        let base = self
+            .mapping
+            .as_ptr()
+            .wrapping_add(usize::try_from(start).ok()?);
         // SAFETY: `[base, base+span)` lies inside our mapping of the memfd
-        // (page-aligned, `end <= size`, and the mapping is `size` bytes
-        // rounded up to a page); mincore only writes `pages` bytes into
-        // `resident`.
+        // (`start` page-aligned, `end` at most `size` rounded up to a
+        // page, which the mapping covers); mincore only writes `pages`
+        // bytes into `resident`.
         let rc = unsafe { libc::mincore(base.cast(), span, resident.as_mut_ptr()) };
-        rc == 0 && resident.iter().all(|r| r & 1 == 1)
+        (rc == 0).then_some(resident)
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<(), DmaError> {
@@ -439,22 +577,41 @@ impl LocalMemory for PeerMemory {
         self.size
     }
 
+    /// A copy out of the mapping where every page of the range is known
+    /// to be in memory (see [`is_resident`](Self::is_resident)), else a
+    /// pread, which reads holes as zeros without allocating them.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         self.check(offset, buf.len())?;
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|e| DmaError::Io(format!("pread of peer memory: {e}")))?;
+        if self.is_resident(offset, buf.len() as u64) {
+            let start = usize::try_from(offset).map_err(|_| DmaError::OutOfBounds {
+                offset,
+                len: buf.len() as u64,
+                size: self.size,
+            })?;
+            self.mapping
+                .as_volatile_slice()
+                .subslice(start, buf.len())
+                .map_err(|e| DmaError::Io(format!("peer memory mapping: {e}")))?
+                .copy_to(buf);
+            self.mapped_reads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.file
+                .read_exact_at(buf, offset)
+                .map_err(|e| DmaError::Io(format!("pread of peer memory: {e}")))?;
+            self.pread_reads.fetch_add(1, Ordering::Relaxed);
+        }
         self.count(0, buf.len() as u64);
         Ok(())
     }
 
-    /// Writes always; reads only of a range without holes, since a read
-    /// through the mapping allocates a page for every hole it touches
-    /// (pread, the copying path, returns zeros instead). A hole punched
-    /// while the read runs costs a page, never wrong data.
+    /// Writes always; reads only of a range known to be in memory, since
+    /// a read through the mapping allocates a page for every hole it
+    /// touches (pread, the copying path, returns zeros instead). A hole
+    /// punched while the read runs costs the pages read, never wrong
+    /// data.
     fn direct_slice(&self, offset: u64, len: usize, access: Access) -> Option<VolatileSlice<'_>> {
         self.check(offset, len).ok()?;
-        if access.reads() && !self.has_no_hole(offset, len as u64) {
+        if access.reads() && !self.is_resident(offset, len as u64) {
             return None;
         }
         let start = usize::try_from(offset).ok()?;

@@ -1,0 +1,160 @@
+//! Reads of a peer's memory: through the mapping where its pages are
+//! known to be in memory, by pread elsewhere, never allocating a hole.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+
+use p2plab_vfio_user::{Access, LocalMemory};
+
+use crate::memory::{counter_words, ReadOnlyPage, WritablePage};
+use crate::session::UserLink;
+use crate::{sealed_memfd, PeerMemory, ReadPaths};
+
+const SIZE: u64 = 8 << 20;
+const MIB: u64 = 1 << 20;
+const PACKET: usize = 8192;
+
+/// A user's view of an owner's memfd, current under the owner's
+/// placement page of `link` (slot 0); the owner's own file on the same
+/// memory; the user's counter page.
+fn peer_memory() -> (PeerMemory, UserLink, File, Arc<WritablePage>) {
+    let fd = sealed_memfd(c"test-vram", SIZE).unwrap();
+    let owner_view = File::from(fd.try_clone().unwrap());
+    let link = UserLink::new().unwrap();
+    let placements =
+        Arc::new(ReadOnlyPage::from_received(link.placement_fd().try_clone().unwrap()).unwrap());
+    let counters = Arc::new(WritablePage::create(c"test-counters").unwrap());
+    let memory = PeerMemory::new(fd, SIZE, Arc::clone(&counters), placements, 0).unwrap();
+    (memory, link, owner_view, counters)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i % 251) as u8 ^ seed)
+        .collect::<Vec<u8>>()
+}
+
+/// Bytes the memfd really holds.
+fn allocated(file: &File) -> u64 {
+    file.metadata().unwrap().blocks() * 512
+}
+
+fn punch(file: &File, offset: u64, len: u64) {
+    // SAFETY: fallocate on a memfd we own, inside its size.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    assert_eq!(rc, 0, "punch: {}", std::io::Error::last_os_error());
+}
+
+fn read(memory: &PeerMemory, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0xeeu8; len];
+    memory.read_at(offset, &mut buf).unwrap();
+    buf
+}
+
+/// Catches a peer read that allocates the owner's holes (a read through
+/// the mapping without knowing the pages are there), returns wrong data
+/// across a resident/hole boundary, miscounts the bytes read in the
+/// counter page, or goes back to a pread per packet for pages already
+/// known to be in memory (the EFA GPU->GPU bench's extra system time).
+#[test]
+fn known_pages_are_read_through_the_mapping_and_holes_by_pread_without_allocating() {
+    let (memory, _link, owner, counters) = peer_memory();
+    let data = pattern(MIB as usize, 0);
+    owner.write_all_at(&data, 0).unwrap();
+    let before = allocated(&owner);
+    assert_eq!(before, MIB, "the owner's write allocated exactly its pages");
+
+    // 64 packets of one buffer: one mincore, no pread.
+    let mut total = 0u64;
+    for i in 0..64u64 {
+        let at = i * PACKET as u64;
+        let got = read(&memory, at, PACKET);
+        assert_eq!(got, data[at as usize..at as usize + PACKET], "packet {i}");
+        total += PACKET as u64;
+    }
+    assert_eq!(
+        memory.read_paths(),
+        ReadPaths {
+            mapped: 64,
+            pread: 0
+        }
+    );
+
+    // A hole reads zeros by pread, and stays a hole.
+    assert_eq!(read(&memory, 4 * MIB, PACKET), vec![0u8; PACKET]);
+    total += PACKET as u64;
+    // Across the end of the written data: its bytes, then zeros.
+    let straddle = read(&memory, MIB - 4096, PACKET);
+    assert_eq!(straddle[..4096], data[data.len() - 4096..]);
+    assert_eq!(straddle[4096..], [0u8; 4096]);
+    total += PACKET as u64;
+    assert_eq!(
+        memory.read_paths(),
+        ReadPaths {
+            mapped: 64,
+            pread: 2
+        }
+    );
+    // Zero-copy reads: handed out only where the pages are known.
+    assert!(memory.direct_slice(2 * MIB, PACKET, Access::Read).is_none());
+    assert!(memory.direct_slice(0, PACKET, Access::Read).is_some());
+    assert_eq!(allocated(&owner), before, "a read allocated a hole");
+
+    // Pages the owner writes later are learnt on the next miss.
+    owner.write_all_at(&data[..PACKET], 4 * MIB).unwrap();
+    assert_eq!(read(&memory, 4 * MIB, PACKET), data[..PACKET]);
+    total += PACKET as u64;
+    assert_eq!(memory.read_paths().mapped, 65);
+
+    assert_eq!(counters.load(counter_words(0).1), total);
+    assert_eq!(counters.load(counter_words(0).0), 0);
+}
+
+/// Catches a user that keeps reading through its mapping after the owner
+/// said it punches holes (each such read would allocate the punched
+/// pages again in the owner's memfd). The second half shows that the
+/// danger is real: a punch the owner does not announce is allocated
+/// again by the next read, which is why the owner must announce it.
+#[test]
+fn a_punch_announced_by_the_owner_sends_the_next_read_to_pread() {
+    let (memory, link, owner, counters) = peer_memory();
+    let data = pattern(MIB as usize, 7);
+    owner.write_all_at(&data, 0).unwrap();
+    assert_eq!(read(&memory, 0, PACKET), data[..PACKET]);
+    assert_eq!(memory.read_paths().mapped, 1);
+
+    link.punching_holes(0);
+    punch(&owner, 0, MIB);
+    assert_eq!(allocated(&owner), 0);
+    assert_eq!(read(&memory, 0, PACKET), vec![0u8; PACKET]);
+    assert_eq!(read(&memory, 64 * 1024, PACKET), vec![0u8; PACKET]);
+    assert_eq!(
+        memory.read_paths(),
+        ReadPaths {
+            mapped: 1,
+            pread: 2
+        }
+    );
+    assert_eq!(allocated(&owner), 0, "a read allocated a punched hole");
+
+    // Unannounced: the stale knowledge reads through the mapping, which
+    // gives the right bytes (zeros) but allocates the pages read.
+    owner.write_all_at(&data, 0).unwrap();
+    assert_eq!(read(&memory, 0, PACKET), data[..PACKET]);
+    punch(&owner, 0, MIB);
+    assert_eq!(read(&memory, 0, PACKET), vec![0u8; PACKET]);
+    assert!(
+        allocated(&owner) >= PACKET as u64,
+        "a read fault on a hole of a shared mapping allocates it (kernel behaviour this cache guards against)"
+    );
+    assert_eq!(counters.load(counter_words(0).1), 5 * PACKET as u64);
+}
