@@ -13,12 +13,18 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use p2plab_kit::HoleHook;
 
 /// BAR2's memory: a sealed sparse memfd of the BAR's size.
 #[derive(Debug)]
 pub struct Vram {
     fd: OwnedFd,
     size: u64,
+    /// Told before each punch (the peer servers reading VRAM through
+    /// their mappings must forget which pages they knew to be there).
+    before_punch: OnceLock<HoleHook>,
 }
 
 /// A libc return value, or the errno it stands for.
@@ -54,7 +60,18 @@ impl Vram {
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl F_ADD_SEALS on a valid memfd created with ALLOW_SEALING.
         syscall_result(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
-        Ok(Self { fd, size })
+        Ok(Self {
+            fd,
+            size,
+            before_punch: OnceLock::new(),
+        })
+    }
+
+    /// Calls `hook` before every hole [`zero`](Self::zero) punches from
+    /// now on. Set once (later calls are ignored): the server wires it to
+    /// its peer registry at start.
+    pub fn before_punch(&self, hook: HoleHook) {
+        let _ = self.before_punch.set(hook);
     }
 
     pub fn size(&self) -> u64 {
@@ -146,6 +163,9 @@ impl Vram {
         }
         if len == 0 {
             return Ok(());
+        }
+        if let Some(hook) = self.before_punch.get() {
+            hook.punching();
         }
         // SAFETY: fallocate on a valid fd with a range checked against the size.
         syscall_result(unsafe {
@@ -248,5 +268,38 @@ mod tests {
         assert!(edge[100..].iter().all(|&b| b == 0));
         vram.read((2 << 20) - 100, &mut edge[..100]).unwrap();
         assert!(edge[..100].iter().all(|&b| b == 0x11));
+    }
+
+    /// Catches a zero fill that punches before (or without) telling the
+    /// peer servers, which read VRAM through their mappings where they
+    /// know its pages are there and would allocate the punched pages
+    /// again.
+    #[test]
+    fn the_hole_hook_runs_before_each_punch() {
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let vram = Vram::new(16 << 20).unwrap();
+        vram.write(0, &vec![0x22u8; 1 << 20]).unwrap();
+        let view = std::fs::File::from(vram.fd().try_clone_to_owned().unwrap());
+        let calls = Arc::new(AtomicU64::new(0));
+        let seen_blocks = Arc::new(AtomicU64::new(0));
+        let (c, b) = (Arc::clone(&calls), Arc::clone(&seen_blocks));
+        vram.before_punch(HoleHook::new(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            b.store(view.metadata().unwrap().blocks() * 512, Ordering::SeqCst);
+        }));
+        vram.zero(0, 1 << 20).unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            seen_blocks.load(Ordering::SeqCst),
+            1 << 20,
+            "the hook ran after the punch"
+        );
+        assert_eq!(vram.allocated_bytes().unwrap(), 0);
+        // An empty or refused fill punches nothing and says nothing.
+        vram.zero(0, 0).unwrap();
+        assert!(vram.zero(16 << 20, 4096).is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }
