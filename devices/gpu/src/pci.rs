@@ -241,9 +241,10 @@ impl ServedDevice for GpuFunction {
         self.placement = Some(hook);
     }
 
-    /// A zero fill punches holes into VRAM: `hook` runs before each.
+    /// A zero fill punches holes into VRAM: `hook` runs right before and
+    /// right after each punch.
     fn on_peer_bar_holes(&mut self, hook: HoleHook) {
-        self.gpu.vram().before_punch(hook);
+        self.gpu.vram().on_holes(hook);
     }
 }
 

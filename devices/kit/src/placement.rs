@@ -17,11 +17,11 @@ impl PlacementHook {
     }
 }
 
-/// Told, synchronously, that the device is about to punch holes into a
-/// BAR it shares with peer servers (a zero fill giving pages back), so
-/// the server tells its peers before the punch: a peer that reads that
-/// memory through its mapping would otherwise allocate the punched pages
-/// again.
+/// Told, synchronously, right before and right after the device punches
+/// holes into a BAR it shares with peer servers (a zero fill giving
+/// pages back), so the server tells its peers: a peer that reads that
+/// memory through its mapping where it knew the pages were would
+/// otherwise allocate the punched pages again.
 pub struct HoleHook(Box<dyn Fn() + Send + Sync>);
 
 impl HoleHook {
@@ -30,8 +30,8 @@ impl HoleHook {
         Self(Box::new(f))
     }
 
-    /// Holes are about to be punched.
-    pub fn punching(&self) {
+    /// Holes are about to be punched, or were just punched.
+    pub fn changing(&self) {
         (self.0)()
     }
 }

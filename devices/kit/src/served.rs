@@ -42,7 +42,7 @@ pub trait ServedDevice: PciModel + 'static {
         let _ = hook;
     }
 
-    /// Calls `hook` before each hole punched into
+    /// Calls `hook` right before and right after each punch of holes into
     /// [`PEER_BAR`](Self::PEER_BAR)'s memory (a device that never punches
     /// holes there ignores it).
     fn on_peer_bar_holes(&mut self, hook: HoleHook) {

@@ -497,19 +497,23 @@ impl PeerRegistry {
         );
     }
 
-    /// Holes are about to be punched into exported BAR `bar`'s memory
-    /// (a zero fill giving pages back): every user forgets which of the
-    /// BAR's pages it knew to be in memory, so none reads a fresh hole
-    /// through its mapping (which would allocate it again). Call it
-    /// before the punch; it waits for nobody (an access already running
-    /// costs at most the pages it touches, zeros: never wrong data).
-    pub fn punching_holes(&self, bar: u8) {
+    /// Holes are being punched into exported BAR `bar`'s memory (a zero
+    /// fill giving pages back): every user forgets which of the BAR's
+    /// pages it knew to be in memory, so none reads a fresh hole through
+    /// its mapping (which would allocate it again). Call it right before
+    /// the punch and again right after it: the first call stops the
+    /// accesses that start during the punch from trusting what was known
+    /// before it, the second one discards what they learnt while the
+    /// punch ran (a lookup may see a page the punch frees a moment
+    /// later). It waits for nobody: an access already running costs at
+    /// most the pages it touches (zeros, never wrong data).
+    pub fn holes_changing(&self, bar: u8) {
         let owner = lock(&self.shared.owner);
         let Some(b) = owner.bars.iter().find(|b| b.bar == u32::from(bar)) else {
             return;
         };
         for conn in &owner.conns {
-            conn.link.punching_holes(b.slot);
+            conn.link.holes_changing(b.slot);
         }
     }
 

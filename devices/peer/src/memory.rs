@@ -9,9 +9,10 @@
 //!   user's window serves an access only while the page still holds the
 //!   placement the window was made for, so revocation takes effect at
 //!   once, whether or not the user is listening. Per slot it also holds
-//!   the **hole count**, which the owner raises before it punches holes
-//!   into the BAR's memory (a GPU zero fill): a user forgets which pages
-//!   it knew to be in memory when it sees the count change;
+//!   the **hole count**, which the owner raises right before and right
+//!   after it punches holes into the BAR's memory (a GPU zero fill): a
+//!   user forgets which pages it knew to be in memory when it sees the
+//!   count change;
 //! - the user's **counter page**: per slot, the bytes the user moved into
 //!   and out of the owner's BAR, which the owner's stats show.
 //!
@@ -330,7 +331,8 @@ pub fn placement_word(slot: u64) -> usize {
 const HOLES_BASE: usize = 64;
 
 /// Word of slot `slot`'s hole count in a placement page: the owner raises
-/// it before it punches holes into the slot's BAR memory.
+/// it right before and right after it punches holes into the slot's BAR
+/// memory.
 pub fn holes_word(slot: u64) -> usize {
     usize::try_from(slot)
         .ok()
@@ -501,12 +503,14 @@ impl PeerMemory {
     /// span around the range, remembering every page found. A hole, or a
     /// page swapped out, says no.
     ///
-    /// The owner raises the hole count before it punches: a count read
-    /// before the punch either comes with a lookup that already sees the
-    /// hole, or the next access reads the new count and forgets. So a
-    /// hole punched while an access runs costs at most the pages of the
-    /// accesses in flight (allocated again, reading zeros: never wrong
-    /// data), as for any reader of a mapping.
+    /// The owner raises the hole count right before it punches and right
+    /// after: what was learnt before the punch is forgotten by every
+    /// access that starts after the first raise, and what was learnt
+    /// while it ran (a lookup may see a page the punch frees a moment
+    /// later) by every access after the second. So a hole punched while
+    /// an access runs costs at most the pages of the accesses in flight
+    /// (allocated again, reading zeros: never wrong data), as for any
+    /// reader of a mapping.
     fn is_resident(&self, offset: u64, len: u64) -> bool {
         let Some(end) = offset.checked_add(len).filter(|&end| end <= self.size) else {
             return false;

@@ -120,7 +120,7 @@ fn known_pages_are_read_through_the_mapping_and_holes_by_pread_without_allocatin
 }
 
 /// Catches a user that keeps reading through its mapping after the owner
-/// said it punches holes (each such read would allocate the punched
+/// said it punched holes (each such read would allocate the punched
 /// pages again in the owner's memfd). The second half shows that the
 /// danger is real: a punch the owner does not announce is allocated
 /// again by the next read, which is why the owner must announce it.
@@ -132,8 +132,9 @@ fn a_punch_announced_by_the_owner_sends_the_next_read_to_pread() {
     assert_eq!(read(&memory, 0, PACKET), data[..PACKET]);
     assert_eq!(memory.read_paths().mapped, 1);
 
-    link.punching_holes(0);
+    link.holes_changing(0);
     punch(&owner, 0, MIB);
+    link.holes_changing(0);
     assert_eq!(allocated(&owner), 0);
     assert_eq!(read(&memory, 0, PACKET), vec![0u8; PACKET]);
     assert_eq!(read(&memory, 64 * 1024, PACKET), vec![0u8; PACKET]);
@@ -157,4 +158,26 @@ fn a_punch_announced_by_the_owner_sends_the_next_read_to_pread() {
         "a read fault on a hole of a shared mapping allocates it (kernel behaviour this cache guards against)"
     );
     assert_eq!(counters.load(counter_words(0).1), 5 * PACKET as u64);
+}
+
+/// Catches an owner protocol that announces a punch only before it: a
+/// user whose access starts between the announcement and the punch looks
+/// the pages up while they are still there, and without the second
+/// announcement would keep reading them through its mapping after the
+/// punch, allocating them again.
+#[test]
+fn what_a_user_learns_while_a_punch_runs_is_forgotten_after_it() {
+    let (memory, link, owner, _counters) = peer_memory();
+    let data = pattern(MIB as usize, 3);
+    owner.write_all_at(&data, 0).unwrap();
+    link.holes_changing(0);
+    // An access between the announcement and the punch: learns the
+    // pages, reads them through the mapping, rightly.
+    assert_eq!(read(&memory, 0, PACKET), data[..PACKET]);
+    assert_eq!(memory.read_paths().mapped, 1);
+    punch(&owner, 0, MIB);
+    link.holes_changing(0);
+    assert_eq!(read(&memory, 0, PACKET), vec![0u8; PACKET]);
+    assert_eq!(memory.read_paths().pread, 1);
+    assert_eq!(allocated(&owner), 0, "a read allocated a punched hole");
 }

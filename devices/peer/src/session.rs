@@ -412,11 +412,13 @@ impl UserLink {
         self.placements.store(placement_word(slot), seq);
     }
 
-    /// The owner is about to punch holes into slot `slot`'s memory: the
-    /// user forgets which of its pages it knew to be in memory (it reads
+    /// The owner is punching holes into slot `slot`'s memory: the user
+    /// forgets which of its pages it knew to be in memory (it reads
     /// through its mapping only there) before its next access. Call
-    /// before punching. Does nothing once the link is cut.
-    pub fn punching_holes(&self, slot: u64) {
+    /// right before punching and right after (see
+    /// [`PeerRegistry::holes_changing`](crate::PeerRegistry::holes_changing)).
+    /// Does nothing once the link is cut.
+    pub fn holes_changing(&self, slot: u64) {
         let _state = lock(&self.state);
         if self.is_dead() {
             return;

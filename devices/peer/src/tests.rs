@@ -886,7 +886,7 @@ fn only_peers_the_routing_table_reaches_directly_get_a_window() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Catches a registry whose `punching_holes` does not reach its users'
+/// Catches a registry whose `holes_changing` does not reach its users'
 /// placement pages (a user would then read a zero-filled VRAM range
 /// through its mapping and allocate it again in the owner's memfd), or a
 /// user whose reads of known pages stop going through the mapping.
@@ -912,7 +912,7 @@ fn a_punch_announced_by_the_owner_keeps_its_holes_unallocated_at_the_user() {
         assert_eq!(seen, data[at as usize..at as usize + 8192]);
     }
 
-    gpu.punching_holes(2);
+    gpu.holes_changing(2);
     // SAFETY: fallocate on the owner's memfd, inside its size.
     let rc = unsafe {
         libc::fallocate(
@@ -923,6 +923,7 @@ fn a_punch_announced_by_the_owner_keeps_its_holes_unallocated_at_the_user() {
         )
     };
     assert_eq!(rc, 0);
+    gpu.holes_changing(2);
     for at in (0..BAR_SIZE).step_by(8192) {
         efa_dma.read(PLACE_A + at, &mut seen).unwrap();
         assert_eq!(seen, [0u8; 8192]);

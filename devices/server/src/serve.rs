@@ -55,11 +55,11 @@ pub fn serve_device<M: ServedDevice>(
                 placed.set_placement(bar, addr)
             }));
         // Peers read our BAR through their mappings where they know its
-        // pages are there: they must hear of a punch before it happens.
+        // pages are there: they must hear of a punch before and after it.
         let punched = Arc::clone(peers);
         function
             .model_mut()
-            .on_peer_bar_holes(HoleHook::new(move || punched.punching_holes(bar)));
+            .on_peer_bar_holes(HoleHook::new(move || punched.holes_changing(bar)));
     }
     args.configure_tracer(control.tracer())?;
     let stats = Arc::new(DeviceStats::new(
