@@ -342,10 +342,18 @@ pub fn holes_word(slot: u64) -> usize {
 
 /// Bytes of a page of peer memory (the unit of residency).
 const MEM_PAGE: u64 = 4096;
-/// Span looked up by one mincore on a residency miss: the 2 MiB-aligned
-/// chunks around the access, so a stream of packets through one buffer
-/// costs one lookup per 2 MiB instead of one syscall per packet.
+/// Span looked up by one mincore on the first residency miss in it since
+/// the last hole count change: the 2 MiB-aligned chunks around the
+/// access, so a stream of packets through one buffer costs one lookup
+/// per 2 MiB instead of one syscall per packet.
 const LOOKUP_SPAN: u64 = 2 << 20;
+/// After a chunk's first lookup, a miss in it (a hole, or a page written
+/// since) looks up only the access's own pages, and only every this many
+/// misses; the others go straight to pread. A stale "not known" costs
+/// only a pread (which reads whatever is there now), so holes cost about
+/// one pread per packet as before the cache, and a page written later is
+/// learnt within this many misses of its chunk.
+const RELOOK_EVERY: u8 = 16;
 
 /// Which pages of a peer's memory this user saw in memory, and under
 /// which hole count of the owner's. A set bit only ever means "was
@@ -361,6 +369,9 @@ struct Residency {
     /// BAR the kernel hands out zero pages lazily, so a 64 GiB VRAM's
     /// 2 MiB of bits cost only what is touched).
     bits: Vec<u64>,
+    /// Per [`LOOKUP_SPAN`] chunk: 0 until its first lookup, then the
+    /// misses in it since the last lookup, from 1.
+    misses: Vec<u8>,
 }
 
 impl Residency {
@@ -368,6 +379,7 @@ impl Residency {
         Self {
             holes: 0,
             bits: vec![0; Self::words(size)],
+            misses: vec![0; usize::try_from(size.div_ceil(LOOKUP_SPAN)).unwrap_or(0)],
         }
     }
 
@@ -531,9 +543,35 @@ impl PeerMemory {
         if known.all_known(first, last) {
             return true;
         }
-        let span_start = offset - offset % LOOKUP_SPAN;
-        let span_end = end.div_ceil(LOOKUP_SPAN).saturating_mul(LOOKUP_SPAN);
-        let span_end = span_end.min(self.size.div_ceil(MEM_PAGE) * MEM_PAGE);
+        let page_end = self.size.div_ceil(MEM_PAGE) * MEM_PAGE;
+        let chunk = (offset / LOOKUP_SPAN) as usize;
+        let (span_start, span_end) = match known.misses.get(chunk).copied() {
+            // The first miss here: the whole chunks around the access.
+            Some(0) => {
+                let last_chunk = ((end - 1) / LOOKUP_SPAN) as usize;
+                for c in chunk..=last_chunk {
+                    if let Some(m) = known.misses.get_mut(c) {
+                        *m = 1;
+                    }
+                }
+                let span_end = end.div_ceil(LOOKUP_SPAN).saturating_mul(LOOKUP_SPAN);
+                (offset - offset % LOOKUP_SPAN, span_end.min(page_end))
+            }
+            // Looked up before: holes, or pages written since.
+            Some(m) if m < RELOOK_EVERY => {
+                known.misses[chunk] = m + 1;
+                return false;
+            }
+            _ => {
+                if let Some(m) = known.misses.get_mut(chunk) {
+                    *m = 1;
+                }
+                (
+                    first * MEM_PAGE,
+                    (last + 1).saturating_mul(MEM_PAGE).min(page_end),
+                )
+            }
+        };
         let Some(resident) = self.lookup(span_start, span_end) else {
             return false;
         };

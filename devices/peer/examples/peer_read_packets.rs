@@ -1,0 +1,82 @@
+//! Reads a peer's memory the way an EFA engine does, one packet at a
+//! time, to count the syscalls per MiB with `strace -c -f`:
+//!
+//! ```text
+//! cargo build -p p2plab-peer --example peer_read_packets
+//! strace -c -f target/debug/examples/peer_read_packets [PACKET] [PASSES]
+//! ```
+//!
+//! A 64 MiB memfd whose first 32 MiB the owner wrote (a GPU buffer after
+//! COPY_TO_VRAM) is read PASSES times (default 4) in PACKET-byte reads
+//! (default 8192, the size of an SRD packet's payload), then 8 MiB of its
+//! never-written half once (holes, which must stay holes). Prints the
+//! bytes read, the time taken and the memfd's allocated bytes before and
+//! after.
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+use std::time::Instant;
+
+use p2plab_peer::memory::{ReadOnlyPage, WritablePage};
+use p2plab_peer::{sealed_memfd, PeerMemory, UserLink};
+use p2plab_vfio_user::LocalMemory;
+
+const SIZE: u64 = 64 << 20;
+const WRITTEN: u64 = 32 << 20;
+const HOLES: u64 = 8 << 20;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let packet: usize = args.next().map_or(Ok(8192), |a| a.parse())?;
+    let passes: u64 = args.next().map_or(Ok(4), |a| a.parse())?;
+    if packet == 0 || WRITTEN % packet as u64 != 0 || HOLES % packet as u64 != 0 {
+        return Err(format!("packet {packet}: must divide {WRITTEN} and {HOLES}").into());
+    }
+
+    let fd = sealed_memfd(c"bench-vram", SIZE)?;
+    let owner = std::fs::File::from(fd.try_clone()?);
+    let link = UserLink::new()?;
+    let placements = Arc::new(ReadOnlyPage::from_received(
+        link.placement_fd().try_clone()?,
+    )?);
+    let counters = Arc::new(WritablePage::create(c"bench-counters")?);
+    let memory = PeerMemory::new(fd, SIZE, counters, placements, 0)?;
+
+    let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    for at in (0..WRITTEN).step_by(chunk.len()) {
+        owner.write_all_at(&chunk, at)?;
+    }
+    let allocated = |f: &std::fs::File| f.metadata().map(|m| m.blocks() * 512);
+    let before = allocated(&owner)?;
+
+    let mut buf = vec![0u8; packet];
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    for _ in 0..passes {
+        for at in (0..WRITTEN).step_by(packet) {
+            memory.read_at(at, &mut buf)?;
+            bytes += packet as u64;
+        }
+    }
+    let written_took = started.elapsed();
+    let started = Instant::now();
+    for at in (WRITTEN..WRITTEN + HOLES).step_by(packet) {
+        memory.read_at(at, &mut buf)?;
+        if buf.iter().any(|&b| b != 0) {
+            return Err(format!("a hole at {at} read non-zero bytes").into());
+        }
+    }
+    let holes_took = started.elapsed();
+    let after = allocated(&owner)?;
+    println!(
+        "packet={packet} written_mib={} written_ms={:.1} hole_mib={} hole_ms={:.1} allocated_before={before} allocated_after={after}",
+        bytes >> 20,
+        written_took.as_secs_f64() * 1e3,
+        HOLES >> 20,
+        holes_took.as_secs_f64() * 1e3,
+    );
+    if after != before {
+        return Err("reading holes allocated pages".into());
+    }
+    Ok(())
+}
