@@ -55,7 +55,7 @@ use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
-pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory, ReadPaths};
+pub use memory::{sealed_memfd, verify_shared_fd, CopyPaths, PeerMemory};
 pub use route::{DirectPeers, Route};
 pub use session::{Reply, SessionError, UserLink, UserSession};
 pub use wire::{BadFrame, Frame, FRAME, MAX_BAR};
