@@ -13,11 +13,11 @@
 //! bytes read, the time taken and the memfd's allocated bytes before and
 //! after. Then, for the receiving side (efa1 writing into a GPU buffer
 //! that a zero fill just punched), 32 MiB of packets written into
-//! punched pages through the mapping (`PeerMemory::write_at`, a page
-//! fault that allocates and clears each page) and with pwrite (which
-//! allocates without a fault and without clearing whole pages): time and
-//! minor faults of each, then the same into the pages just written (in
-//! memory; the last pass also mapped by us, as a buffer written twice).
+//! punched pages by a store through a mapping (the old path: a page
+//! fault that allocates and clears each page) and by
+//! `PeerMemory::write_at` (pwrite where the pages are not known to be in
+//! memory), then again into the pages just written: time, minor faults
+//! and the paths taken.
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ use std::time::Instant;
 use p2plab_peer::memory::{ReadOnlyPage, WritablePage};
 use p2plab_peer::{sealed_memfd, PeerMemory, UserLink};
 use p2plab_vfio_user::LocalMemory;
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{FileOffset, VolatileMemory};
 
 const SIZE: u64 = 64 << 20;
 const WRITTEN: u64 = 32 << 20;
@@ -35,7 +37,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let packet: usize = args.next().map_or(Ok(8192), |a| a.parse())?;
     let passes: u64 = args.next().map_or(Ok(4), |a| a.parse())?;
-    if packet == 0 || WRITTEN % packet as u64 != 0 || HOLES % packet as u64 != 0 {
+    if packet == 0 || !WRITTEN.is_multiple_of(packet as u64) || !HOLES.is_multiple_of(packet as u64)
+    {
         return Err(format!("packet {packet}: must divide {WRITTEN} and {HOLES}").into());
     }
 
@@ -85,31 +88,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("reading holes allocated pages".into());
     }
 
+    // The old write path, a store through a mapping whatever the page:
+    // a mapping of our own (PeerMemory's now avoids it on holes).
+    let store = MmapRegion::<()>::build(
+        Some(FileOffset::from_arc(Arc::new(owner.try_clone()?), 0)),
+        SIZE as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_NORESERVE,
+    )?;
     for (how, holes) in [
-        ("mapping", true),
-        ("pwrite", true),
-        ("pwrite", false),
-        ("mapping", false),
-        ("mapping", false),
+        ("store", true),
+        ("peer", true),
+        ("peer", false),
+        ("store", false),
+        ("store", false),
     ] {
         if holes {
+            // A zero fill, announced as p2plab-gpu does.
+            link.holes_changing(0);
             punch(&owner, 0, WRITTEN)?;
+            link.holes_changing(0);
         }
         let faults = minor_faults();
+        let paths = memory.copy_paths();
         let started = Instant::now();
         for at in (0..WRITTEN).step_by(packet) {
             let data = &chunk[..packet];
-            if how == "mapping" {
+            if how == "peer" {
                 memory.write_at(at, data)?;
             } else {
-                owner.write_all_at(data, at)?;
+                store
+                    .as_volatile_slice()
+                    .subslice(at as usize, packet)?
+                    .copy_from(data);
             }
         }
+        let now = memory.copy_paths();
         println!(
-            "write via={how} into_holes={holes} mib={} ms={:.1} minor_faults={}",
+            "write via={how} into_holes={holes} mib={} ms={:.1} minor_faults={} pwrites={} mapped={}",
             WRITTEN >> 20,
             started.elapsed().as_secs_f64() * 1e3,
-            minor_faults() - faults
+            minor_faults() - faults,
+            now.write_pwrite - paths.write_pwrite,
+            now.write_mapped - paths.write_mapped,
         );
     }
     Ok(())
