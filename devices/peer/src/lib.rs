@@ -505,8 +505,10 @@ impl PeerRegistry {
     /// accesses that start during the punch from trusting what was known
     /// before it, the second one discards what they learnt while the
     /// punch ran (a lookup may see a page the punch frees a moment
-    /// later). It waits for nobody: an access already running costs at
-    /// most the pages it touches (zeros, never wrong data).
+    /// later). It waits for no user: an access already running costs at
+    /// most the pages it touches (zeros, never wrong data); it only waits
+    /// for a placement change in progress to end (at most the ack
+    /// timeout), whose lock it takes.
     pub fn holes_changing(&self, bar: u8) {
         let owner = lock(&self.shared.owner);
         let Some(b) = owner.bars.iter().find(|b| b.bar == u32::from(bar)) else {
