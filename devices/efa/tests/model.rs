@@ -169,6 +169,34 @@ fn full_tables_answer_resource_allocation_failure() {
     assert_eq!(d.admin(14, 0, &[]).status, 1);
 }
 
+/// Catches: a writable MR whose pages are left for the packets to fault
+/// in (a GPU buffer a zero fill punched then allocates a page per packet
+/// while the transfer is timed), a prefault of a read-only MR, pieces
+/// that hold the DMA gate for more than 2 MiB, or a REG_MR that fails
+/// because its memory could not be prefaulted.
+#[test]
+fn writable_mrs_are_prefaulted_when_registered() {
+    let mut d = lone_driver(EfaOptions { keep_alive: None });
+    d.probe();
+    let pd = d.alloc_pd();
+    let mib = 1u64 << 20;
+    let at = d.guest.alloc(5 * mib, 4096);
+    d.reg_mr(pd, at, 5 * mib, LOCAL_WRITE);
+    assert_eq!(
+        d.guest.memory.prefaults(),
+        [(at, 2 * mib), (at + 2 * mib, 2 * mib), (at + 4 * mib, mib)]
+    );
+    let remote = d.guest.alloc(mib, 4096);
+    d.reg_mr(pd, remote + 100, 8192, REMOTE_WRITE);
+    assert_eq!(d.guest.memory.prefaults()[3..], [(remote + 100, 8192)]);
+    let source = d.guest.alloc(mib, 4096);
+    d.reg_mr(pd, source, mib, REMOTE_READ);
+    assert_eq!(d.guest.memory.prefaults().len(), 4, "read-only: untouched");
+    // Past the end of guest RAM: not prefaulted, still registered.
+    d.reg_mr(pd, RAM + RAM_SIZE as u64 - mib, 3 * mib, LOCAL_WRITE);
+    assert_eq!(d.guest.memory.prefaults().len(), 4);
+}
+
 /// Catches: SEND data that arrives altered or in the wrong buffer,
 /// completions with the wrong request ID, length, source QP or AH, or
 /// counters that do not count what moved.

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use p2plab_vfio_user::fdkind::{fd_kind, FdKind};
-use p2plab_vfio_user::{Access, DmaError, LocalMemory, VolatileSlice};
+use p2plab_vfio_user::{populate_for_write, Access, DmaError, LocalMemory, VolatileSlice};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{FileOffset, VolatileMemory};
 
@@ -598,10 +598,11 @@ impl PeerMemory {
         known.all_known(first, last)
     }
 
-    /// `[offset, offset+len)` was just written by pwrite, which allocated
-    /// every page it touched: known to be in memory from now on, if the
-    /// owner's hole count is still `holes`, the one read before the
-    /// pwrite (else a punch may have freed them since).
+    /// `[offset, offset+len)` was just written by pwrite or faulted in by
+    /// a prefault, either of which allocated every page it touched: known
+    /// to be in memory from now on, if the owner's hole count is still
+    /// `holes`, the one read before (else a punch may have freed them
+    /// since).
     fn learn_written(&self, holes: u64, offset: u64, len: u64) {
         let Some(end) = offset
             .checked_add(len)
@@ -740,6 +741,40 @@ impl LocalMemory for PeerMemory {
             self.learn_written(holes, offset, len);
         }
         self.count(len, 0);
+        Ok(())
+    }
+
+    /// Faults the pages of the range in for writing through our mapping
+    /// (`MADV_POPULATE_WRITE`: holes get zero-filled pages, every page is
+    /// mapped writable here, no byte changes), as an EFA does when a
+    /// dma-buf MR with write access is registered (the importer pins the
+    /// exporter's memory): the packets written into it later are plain
+    /// copies, with no page fault, no page allocation and no pwrite. The
+    /// pages are then known to be in memory, unless the owner announced a
+    /// punch meanwhile.
+    fn prefault(&self, offset: u64, len: u64) -> Result<(), DmaError> {
+        let size = usize::try_from(len).map_err(|_| DmaError::OutOfBounds {
+            offset,
+            len,
+            size: self.size,
+        })?;
+        self.check(offset, size)?;
+        let start = usize::try_from(offset).map_err(|_| DmaError::OutOfBounds {
+            offset,
+            len,
+            size: self.size,
+        })?;
+        // Loaded before the pages are faulted in: a punch that ends after
+        // is announced after, and the pages are then not learnt.
+        let holes = self.placements.load(holes_word(self.slot));
+        let slice = self
+            .mapping
+            .as_volatile_slice()
+            .subslice(start, size)
+            .map_err(|e| DmaError::Io(format!("peer memory mapping: {e}")))?;
+        populate_for_write(&slice)
+            .map_err(|e| DmaError::Io(format!("prefault of peer memory: {e}")))?;
+        self.learn_written(holes, offset, len);
         Ok(())
     }
 

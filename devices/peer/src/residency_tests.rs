@@ -245,3 +245,49 @@ fn writes_into_holes_go_by_pwrite_and_then_through_the_mapping() {
     assert_eq!(counters.load(counter_words(0).0), 3 * data.len() as u64);
     assert_eq!(counters.load(counter_words(0).1), PACKET as u64);
 }
+
+/// Catches a prefault (an EFA registering a writable dma-buf MR over VRAM
+/// a zero fill punched) that leaves the holes for the packets to
+/// allocate, changes the owner's bytes, counts itself as traffic, is not
+/// remembered (the packets then still go by pwrite, the GPU->GPU bench's
+/// receive cost), or is still trusted after a punch the owner announced.
+#[test]
+fn a_prefault_allocates_the_holes_keeps_the_data_and_makes_writes_plain_copies() {
+    let (memory, link, owner, counters) = peer_memory();
+    let kept = pattern(PACKET, 7);
+    owner.write_all_at(&kept, MIB).unwrap();
+    memory.prefault(4096, 2 * MIB - 8192).unwrap();
+    assert_eq!(allocated(&owner), 2 * MIB - 8192);
+    let mut back = vec![0u8; PACKET];
+    owner.read_exact_at(&mut back, MIB).unwrap();
+    assert_eq!(back, kept);
+    assert_eq!(memory.copy_paths(), CopyPaths::default());
+    assert_eq!(counters.load(counter_words(0).0), 0);
+    assert!(memory.prefault(SIZE - 4096, 8192).is_err(), "past the end");
+
+    // Packets into the prefaulted pages: plain copies, nothing allocated.
+    for i in 0..8u64 {
+        let data = pattern(PACKET, i as u8);
+        memory.write_at(4096 + i * PACKET as u64, &data).unwrap();
+    }
+    assert_eq!(
+        memory.copy_paths(),
+        CopyPaths {
+            write_mapped: 8,
+            ..CopyPaths::default()
+        }
+    );
+    assert_eq!(allocated(&owner), 2 * MIB - 8192);
+    owner
+        .read_exact_at(&mut back, 4096 + 3 * PACKET as u64)
+        .unwrap();
+    assert_eq!(back, pattern(PACKET, 3));
+
+    // The owner punches them, announced: the next packet goes by pwrite.
+    link.holes_changing(0);
+    punch(&owner, 0, 2 * MIB);
+    link.holes_changing(0);
+    memory.write_at(4096, &kept).unwrap();
+    assert_eq!(memory.copy_paths().write_pwrite, 1);
+    assert_eq!(allocated(&owner), PACKET as u64);
+}
