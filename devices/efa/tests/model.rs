@@ -411,6 +411,51 @@ fn rdma_read_and_write_move_every_byte() {
     assert_eq!((sa.write_wrs, sb.write_recv_bytes), (1, u64::from(len)));
 }
 
+/// Catches: an RDMA read timed out and asked for again, all of it, while
+/// its data still arrives (the timer measuring the whole read, not the
+/// silence): a long read behind a slow wire or behind other reads then
+/// moves its bytes twice (the EFA bench's 4 MiB reads under load).
+#[test]
+fn a_read_whose_data_keeps_arriving_is_not_asked_for_again() {
+    let mut pair = Pair::new(SRD);
+    let len: u32 = 1 << 20;
+    let remote = pair.guest.alloc(u64::from(len), 4096);
+    let remote_key = pair
+        .b
+        .driver
+        .reg_mr(pair.b.pd, remote, u64::from(len), REMOTE_READ);
+    let (local, local_key) = pair.a.buffer(u64::from(len), LOCAL_WRITE);
+    let source = pattern(3, len as usize);
+    pair.guest.write(remote, &source);
+    // Each packet B sends waits 4 ms: the read's 32 segments take about
+    // 130 ms, more than two first timeouts (50 ms).
+    DeviceControl::inject(&pair.b.driver.control(), "delay=4ms").unwrap();
+    let b_qp = pair.b.qp.num;
+    let a = &mut pair.a;
+    let read = wqe::rdma(
+        1,
+        7,
+        b_qp,
+        a.ah,
+        None,
+        (remote, remote_key),
+        (local, local_key),
+        len,
+    );
+    a.driver.post_send(&mut a.qp, read);
+    let c = a.driver.wait_cqe(&mut a.send_cq);
+    assert_eq!((c.req_id, c.status, c.op_type), (7, 0, 1));
+    assert_eq!(pair.guest.read(local, len as usize), source);
+    let (sa, sb) = (pair.a.driver.stats(), pair.b.driver.stats());
+    assert!(
+        sb.wire_delays >= 32,
+        "the wire was slow: {}",
+        sb.wire_delays
+    );
+    assert_eq!(sa.retrans_timeout_events, 0);
+    assert_eq!(sb.read_resp_bytes, u64::from(len), "served once");
+}
+
 /// Catches: RDMA into memory the target did not allow (no remote read
 /// permission, outside the MR) succeeding, or failing with a status the
 /// provider maps to the wrong error.

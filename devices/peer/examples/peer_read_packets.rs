@@ -17,7 +17,9 @@
 //! fault that allocates and clears each page) and by
 //! `PeerMemory::write_at` (pwrite where the pages are not known to be in
 //! memory), then again into the pages just written: time, minor faults
-//! and the paths taken.
+//! and the paths taken. Last, into punched pages again after
+//! `PeerMemory::prefault` (what an EFA does at REG_MR of a writable MR):
+//! the prefault's time apart from the writes'.
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
@@ -102,6 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("peer", false),
         ("store", false),
         ("store", false),
+        ("prefaulted", true),
     ] {
         if holes {
             // A zero fill, announced as p2plab-gpu does.
@@ -109,12 +112,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             punch(&owner, 0, WRITTEN)?;
             link.holes_changing(0);
         }
+        // What an EFA does when the buffer's MR is registered (before
+        // the transfer, untimed there).
+        let prefault_started = Instant::now();
+        if how == "prefaulted" {
+            memory.prefault(0, WRITTEN)?;
+        }
+        let prefault_ms = prefault_started.elapsed().as_secs_f64() * 1e3;
         let faults = minor_faults();
         let paths = memory.copy_paths();
         let started = Instant::now();
         for at in (0..WRITTEN).step_by(packet) {
             let data = &chunk[..packet];
-            if how == "peer" {
+            if how != "store" {
                 memory.write_at(at, data)?;
             } else {
                 store
@@ -125,7 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let now = memory.copy_paths();
         println!(
-            "write via={how} into_holes={holes} mib={} ms={:.1} minor_faults={} pwrites={} mapped={}",
+            "write via={how} into_holes={holes} mib={} ms={:.1} prefault_ms={prefault_ms:.1} minor_faults={} pwrites={} mapped={}",
             WRITTEN >> 20,
             started.elapsed().as_secs_f64() * 1e3,
             minor_faults() - faults,
