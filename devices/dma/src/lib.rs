@@ -84,6 +84,17 @@ pub trait GuestMemory: Send + Sync {
         let _ = (segments, access, f);
         Ok(None)
     }
+
+    /// Gets `[addr, addr+len)` ready to be written, as a device that pins
+    /// memory when it is registered: pages are faulted in ahead of use
+    /// where the memory allows it (guest RAM shared with an fd, a peer's
+    /// BAR memory, whose holes get pages), so the writes into them later
+    /// take no page fault. Moves no data and counts nothing; memory that
+    /// cannot be prepared so is left as it is (the default does nothing).
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        let _ = (addr, len);
+        Ok(())
+    }
 }
 
 /// What answers at a bus address, as far as the memory a model holds can
@@ -144,6 +155,10 @@ impl<T: GuestMemory + ?Sized> GuestMemory for Arc<T> {
     ) -> Result<Option<std::io::Result<()>>, DmaFault> {
         (**self).with_direct(segments, access, f)
     }
+
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        (**self).prefault(addr, len)
+    }
 }
 
 impl<T: GuestMemory + ?Sized> GuestMemory for &T {
@@ -166,5 +181,9 @@ impl<T: GuestMemory + ?Sized> GuestMemory for &T {
         f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
     ) -> Result<Option<std::io::Result<()>>, DmaFault> {
         (**self).with_direct(segments, access, f)
+    }
+
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        (**self).prefault(addr, len)
     }
 }

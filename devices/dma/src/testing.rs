@@ -14,6 +14,8 @@ pub struct FakeGuestMemory {
     copy_only: bool,
     /// Bytes handed out by `with_direct`.
     direct_bytes: std::sync::atomic::AtomicU64,
+    /// The `(addr, len)` of every `prefault`, in order.
+    prefaults: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 impl FakeGuestMemory {
@@ -48,6 +50,15 @@ impl FakeGuestMemory {
     /// so far: tells a test which path a model took.
     pub fn direct_bytes(&self) -> u64 {
         self.direct_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The `(addr, len)` of every [`prefault`](GuestMemory::prefault) so
+    /// far, in order (each checked against the regions like a write).
+    pub fn prefaults(&self) -> Vec<(u64, u64)> {
+        self.prefaults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn find(&self, addr: u64, len: usize) -> Result<(&HeapRegion, u64), DmaFault> {
@@ -120,6 +131,18 @@ impl GuestMemory for FakeGuestMemory {
             }
         }
         Ok(Some(result))
+    }
+
+    /// Records the range after checking it lies in one region.
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        let size =
+            usize::try_from(len).map_err(|_| DmaFault::unmapped(addr, len, "prefault too long"))?;
+        self.find(addr, size)?;
+        self.prefaults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((addr, len));
+        Ok(())
     }
 
     /// Its regions stand for guest RAM, except those added with

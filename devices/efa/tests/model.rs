@@ -169,6 +169,34 @@ fn full_tables_answer_resource_allocation_failure() {
     assert_eq!(d.admin(14, 0, &[]).status, 1);
 }
 
+/// Catches: a writable MR whose pages are left for the packets to fault
+/// in (a GPU buffer a zero fill punched then allocates a page per packet
+/// while the transfer is timed), a prefault of a read-only MR, pieces
+/// that hold the DMA gate for more than 2 MiB, or a REG_MR that fails
+/// because its memory could not be prefaulted.
+#[test]
+fn writable_mrs_are_prefaulted_when_registered() {
+    let mut d = lone_driver(EfaOptions { keep_alive: None });
+    d.probe();
+    let pd = d.alloc_pd();
+    let mib = 1u64 << 20;
+    let at = d.guest.alloc(5 * mib, 4096);
+    d.reg_mr(pd, at, 5 * mib, LOCAL_WRITE);
+    assert_eq!(
+        d.guest.memory.prefaults(),
+        [(at, 2 * mib), (at + 2 * mib, 2 * mib), (at + 4 * mib, mib)]
+    );
+    let remote = d.guest.alloc(mib, 4096);
+    d.reg_mr(pd, remote + 100, 8192, REMOTE_WRITE);
+    assert_eq!(d.guest.memory.prefaults()[3..], [(remote + 100, 8192)]);
+    let source = d.guest.alloc(mib, 4096);
+    d.reg_mr(pd, source, mib, REMOTE_READ);
+    assert_eq!(d.guest.memory.prefaults().len(), 4, "read-only: untouched");
+    // Past the end of guest RAM: not prefaulted, still registered.
+    d.reg_mr(pd, RAM + RAM_SIZE as u64 - mib, 3 * mib, LOCAL_WRITE);
+    assert_eq!(d.guest.memory.prefaults().len(), 4);
+}
+
 /// Catches: SEND data that arrives altered or in the wrong buffer,
 /// completions with the wrong request ID, length, source QP or AH, or
 /// counters that do not count what moved.
@@ -381,6 +409,51 @@ fn rdma_read_and_write_move_every_byte() {
     assert_eq!((sa.read_wrs, sa.read_bytes), (1, u64::from(len)));
     assert_eq!(sb.read_resp_bytes, u64::from(len));
     assert_eq!((sa.write_wrs, sb.write_recv_bytes), (1, u64::from(len)));
+}
+
+/// Catches: an RDMA read timed out and asked for again, all of it, while
+/// its data still arrives (the timer measuring the whole read, not the
+/// silence): a long read behind a slow wire or behind other reads then
+/// moves its bytes twice (the EFA bench's 4 MiB reads under load).
+#[test]
+fn a_read_whose_data_keeps_arriving_is_not_asked_for_again() {
+    let mut pair = Pair::new(SRD);
+    let len: u32 = 1 << 20;
+    let remote = pair.guest.alloc(u64::from(len), 4096);
+    let remote_key = pair
+        .b
+        .driver
+        .reg_mr(pair.b.pd, remote, u64::from(len), REMOTE_READ);
+    let (local, local_key) = pair.a.buffer(u64::from(len), LOCAL_WRITE);
+    let source = pattern(3, len as usize);
+    pair.guest.write(remote, &source);
+    // Each packet B sends waits 4 ms: the read's 32 segments take about
+    // 130 ms, more than two first timeouts (50 ms).
+    DeviceControl::inject(&pair.b.driver.control(), "delay=4ms").unwrap();
+    let b_qp = pair.b.qp.num;
+    let a = &mut pair.a;
+    let read = wqe::rdma(
+        1,
+        7,
+        b_qp,
+        a.ah,
+        None,
+        (remote, remote_key),
+        (local, local_key),
+        len,
+    );
+    a.driver.post_send(&mut a.qp, read);
+    let c = a.driver.wait_cqe(&mut a.send_cq);
+    assert_eq!((c.req_id, c.status, c.op_type), (7, 0, 1));
+    assert_eq!(pair.guest.read(local, len as usize), source);
+    let (sa, sb) = (pair.a.driver.stats(), pair.b.driver.stats());
+    assert!(
+        sb.wire_delays >= 32,
+        "the wire was slow: {}",
+        sb.wire_delays
+    );
+    assert_eq!(sa.retrans_timeout_events, 0);
+    assert_eq!(sb.read_resp_bytes, u64::from(len), "served once");
 }
 
 /// Catches: RDMA into memory the target did not allow (no remote read

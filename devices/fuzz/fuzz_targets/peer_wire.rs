@@ -20,7 +20,8 @@
 //! 3 good BAR         bar:u8 size:u8 slot:u8 (a sealed memfd)
 //! 4 PLACE round      bar:u8 addr:u8: the owner publishes and sends a
 //!                    PLACE, the user's ACK goes back to the owner
-//! 5 scribble page    slot:u8 value:u8 (our placement page)
+//! 5 scribble page    slot:u8 value:u8 (our placement page; slot's high
+//!                    bit: the slot's hole count instead)
 //! 6 scribble counts  word:u8 value:u8 (our counter page), then the owner
 //!                    reads every slot
 //! 7 map guest RAM    addr:u8 len:u8 (with an fd; fd-less if len is odd)
@@ -49,7 +50,7 @@ use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use p2plab_peer::memory::{placement_word, WritablePage, SLOTS};
+use p2plab_peer::memory::{holes_word, placement_word, WritablePage, SLOTS};
 use p2plab_peer::wire::{Frame, FRAME, VERSION};
 use p2plab_peer::{Inbound, SessionError, UserLink, UserSession};
 use p2plab_vfio_user::record::{FdSpec, FdSpecKind};
@@ -393,12 +394,20 @@ impl World {
                 self.to_user(&frame, Vec::new(), None);
             }
             5 => {
-                let slot = u64::from(input.byte()? % 7);
+                let pick = input.byte()?;
+                let slot = u64::from(pick % 7);
                 let value = match input.byte()? {
                     v if v < 200 => self.seq.wrapping_sub(u64::from(v % 3)),
                     v => VALUES[usize::from(v) % VALUES.len()],
                 };
-                self.owner_page.store(placement_word(slot), value);
+                // High bit: the slot's hole count (any value only makes
+                // the user forget what it knew to be in memory).
+                let word = if pick & 0x80 != 0 {
+                    holes_word(slot)
+                } else {
+                    placement_word(slot)
+                };
+                self.owner_page.store(word, value);
             }
             6 => {
                 let word = usize::from(input.byte()? % 14);

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use p2plab_dma::GuestMemory;
 use p2plab_kit::pci::pcie_endpoint;
-use p2plab_kit::{DeviceControl, LateInterrupts, PciIds, PeerBar, PlacementHook, ServedDevice};
+use p2plab_kit::{
+    DeviceControl, HoleHook, LateInterrupts, PciIds, PeerBar, PlacementHook, ServedDevice,
+};
 use p2plab_pci::{
     BarBacking, BarSpec, BuildError, ConfigChange, ConfigSpace, LinkSpeed, PciFunction, PciModel,
 };
@@ -237,6 +239,12 @@ impl ServedDevice for GpuFunction {
     fn on_peer_bar_placement(&mut self, hook: PlacementHook) {
         hook.placed(self.vram_address);
         self.placement = Some(hook);
+    }
+
+    /// A zero fill punches holes into VRAM: `hook` runs right before and
+    /// right after each punch.
+    fn on_peer_bar_holes(&mut self, hook: HoleHook) {
+        self.gpu.vram().on_holes(hook);
     }
 }
 

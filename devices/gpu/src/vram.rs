@@ -13,12 +13,19 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use p2plab_kit::HoleHook;
 
 /// BAR2's memory: a sealed sparse memfd of the BAR's size.
 #[derive(Debug)]
 pub struct Vram {
     fd: OwnedFd,
     size: u64,
+    /// Told right before and right after each punch (the peer servers
+    /// reading VRAM through their mappings must forget which pages they
+    /// knew to be there).
+    hole_hook: OnceLock<HoleHook>,
 }
 
 /// A libc return value, or the errno it stands for.
@@ -54,7 +61,18 @@ impl Vram {
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl F_ADD_SEALS on a valid memfd created with ALLOW_SEALING.
         syscall_result(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
-        Ok(Self { fd, size })
+        Ok(Self {
+            fd,
+            size,
+            hole_hook: OnceLock::new(),
+        })
+    }
+
+    /// Calls `hook` right before and right after every punch of
+    /// [`zero`](Self::zero) from now on. Set once (later calls are
+    /// ignored): the server wires it to its peer registry at start.
+    pub fn on_holes(&self, hook: HoleHook) {
+        let _ = self.hole_hook.set(hook);
     }
 
     pub fn size(&self) -> u64 {
@@ -147,15 +165,23 @@ impl Vram {
         if len == 0 {
             return Ok(());
         }
+        if let Some(hook) = self.hole_hook.get() {
+            hook.changing();
+        }
         // SAFETY: fallocate on a valid fd with a range checked against the size.
-        syscall_result(unsafe {
+        let punched = syscall_result(unsafe {
             libc::fallocate(
                 self.fd.as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 file_offset(offset)?,
                 file_offset(len)?,
             )
-        })?;
+        });
+        // Also after a failure: part of the range may be punched.
+        if let Some(hook) = self.hole_hook.get() {
+            hook.changing();
+        }
+        punched?;
         Ok(())
     }
 
@@ -248,5 +274,33 @@ mod tests {
         assert!(edge[100..].iter().all(|&b| b == 0));
         vram.read((2 << 20) - 100, &mut edge[..100]).unwrap();
         assert!(edge[..100].iter().all(|&b| b == 0x11));
+    }
+
+    /// Catches a zero fill that does not tell the peer servers right
+    /// before and right after it punches: they read VRAM through their
+    /// mappings where they know its pages are there, and would allocate
+    /// the punched pages again.
+    #[test]
+    fn the_hole_hook_runs_right_before_and_right_after_each_punch() {
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::{Arc, Mutex};
+        let vram = Vram::new(16 << 20).unwrap();
+        vram.write(0, &vec![0x22u8; 1 << 20]).unwrap();
+        let view = std::fs::File::from(vram.fd().try_clone_to_owned().unwrap());
+        // What VRAM held each time the hook ran.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        vram.on_holes(HoleHook::new(move || {
+            log.lock()
+                .unwrap()
+                .push(view.metadata().unwrap().blocks() * 512);
+        }));
+        vram.zero(0, 1 << 20).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [1 << 20, 0]);
+        assert_eq!(vram.allocated_bytes().unwrap(), 0);
+        // An empty or refused fill punches nothing and says nothing.
+        vram.zero(0, 0).unwrap();
+        assert!(vram.zero(16 << 20, 4096).is_err());
+        assert_eq!(seen.lock().unwrap().len(), 2);
     }
 }

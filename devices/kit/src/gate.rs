@@ -249,6 +249,11 @@ impl DmaGate {
         let _access = self.enter(epoch, addr, len)?;
         self.inner.with_direct(segments, access, f)
     }
+
+    fn prefault_in(&self, epoch: Option<Epoch>, addr: u64, len: u64) -> Result<(), DmaFault> {
+        let _access = self.enter(epoch, addr, usize::try_from(len).unwrap_or(usize::MAX))?;
+        self.inner.prefault(addr, len)
+    }
 }
 
 impl GuestMemory for DmaGate {
@@ -271,6 +276,10 @@ impl GuestMemory for DmaGate {
         f: &mut dyn FnMut(&[VolatileSlice<'_>]) -> std::io::Result<()>,
     ) -> Result<Option<std::io::Result<()>>, DmaFault> {
         self.with_direct_in(None, segments, access, f)
+    }
+
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        self.prefault_in(None, addr, len)
     }
 }
 
@@ -309,6 +318,10 @@ impl GuestMemory for BoundMemory<'_> {
     ) -> Result<Option<std::io::Result<()>>, DmaFault> {
         self.gate
             .with_direct_in(Some(self.epoch), segments, access, f)
+    }
+
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        self.gate.prefault_in(Some(self.epoch), addr, len)
     }
 }
 

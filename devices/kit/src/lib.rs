@@ -59,7 +59,7 @@ pub use control::{arm_spec, counters_with, Armed, DeviceControl, StatsLayout};
 pub use gate::{BoundMemory, DmaGate, Epoch, QuiesceTimeout, QUIESCE_TIMEOUT};
 pub use interrupts::{Interrupts, LateInterrupts};
 pub use pci::{ClassCode, MsixBar, PciIds, P2PLAB_VENDOR_ID};
-pub use placement::PlacementHook;
+pub use placement::{HoleHook, PlacementHook};
 pub use regs::{Half, RegisterMap};
 pub use served::{PeerBar, ServedDevice};
 

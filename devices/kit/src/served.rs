@@ -7,7 +7,7 @@ use std::sync::Arc;
 use p2plab_pci::PciModel;
 
 use crate::control::DeviceControl;
-use crate::placement::PlacementHook;
+use crate::placement::{HoleHook, PlacementHook};
 
 /// A BAR whose memory the device shares with peer servers (the zero-copy
 /// peer path): they DMA straight into it.
@@ -39,6 +39,13 @@ pub trait ServedDevice: PciModel + 'static {
 
     /// Calls `hook` each time [`PEER_BAR`](Self::PEER_BAR) moves.
     fn on_peer_bar_placement(&mut self, hook: PlacementHook) {
+        let _ = hook;
+    }
+
+    /// Calls `hook` right before and right after each punch of holes into
+    /// [`PEER_BAR`](Self::PEER_BAR)'s memory (a device that never punches
+    /// holes there ignores it).
+    fn on_peer_bar_holes(&mut self, hook: HoleHook) {
         let _ = hook;
     }
 

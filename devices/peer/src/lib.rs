@@ -55,7 +55,7 @@ use p2plab_vfio_user::server::{bind_replacing_stale, current_uid, peer_uid};
 use p2plab_vfio_user::{recv_with_fds, DmaSpace};
 use tracing::{debug, info, warn};
 
-pub use memory::{sealed_memfd, verify_shared_fd, PeerMemory};
+pub use memory::{sealed_memfd, verify_shared_fd, CopyPaths, PeerMemory};
 pub use route::{DirectPeers, Route};
 pub use session::{Reply, SessionError, UserLink, UserSession};
 pub use wire::{BadFrame, Frame, FRAME, MAX_BAR};
@@ -497,6 +497,28 @@ impl PeerRegistry {
         );
     }
 
+    /// Holes are being punched into exported BAR `bar`'s memory (a zero
+    /// fill giving pages back): every user forgets which of the BAR's
+    /// pages it knew to be in memory, so none reads a fresh hole through
+    /// its mapping (which would allocate it again). Call it right before
+    /// the punch and again right after it: the first call stops the
+    /// accesses that start during the punch from trusting what was known
+    /// before it, the second one discards what they learnt while the
+    /// punch ran (a lookup may see a page the punch frees a moment
+    /// later). It waits for no user: an access already running costs at
+    /// most the pages it touches (zeros, never wrong data); it only waits
+    /// for a placement change in progress to end (at most the ack
+    /// timeout), whose lock it takes.
+    pub fn holes_changing(&self, bar: u8) {
+        let owner = lock(&self.shared.owner);
+        let Some(b) = owner.bars.iter().find(|b| b.bar == u32::from(bar)) else {
+            return;
+        };
+        for conn in &owner.conns {
+            conn.link.holes_changing(b.slot);
+        }
+    }
+
     /// Bytes peers moved into and out of exported BAR `bar`, as they
     /// counted them (a user whose counts go backwards is cut off; sums
     /// saturate instead of wrapping).
@@ -808,5 +830,7 @@ fn connect(shared: &Arc<Shared>, path: PathBuf) {
     });
 }
 
+#[cfg(test)]
+mod residency_tests;
 #[cfg(test)]
 mod tests;

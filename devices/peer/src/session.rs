@@ -23,8 +23,8 @@ use p2plab_vfio_user::{DmaError, DmaSpace, LocalWindowId};
 use tracing::{debug, warn};
 
 use crate::memory::{
-    counter_words, placement_word, verify_shared_fd, PeerMemory, ReadOnlyPage, WritablePage,
-    REVOKED, SLOTS,
+    counter_words, holes_word, placement_word, verify_shared_fd, PeerMemory, ReadOnlyPage,
+    WritablePage, REVOKED, SLOTS,
 };
 use crate::route::Route;
 use crate::wire::{Frame, FRAME, MAX_BAR, VERSION};
@@ -410,6 +410,22 @@ impl UserLink {
             *sent = (*sent).max(seq);
         }
         self.placements.store(placement_word(slot), seq);
+    }
+
+    /// The owner is punching holes into slot `slot`'s memory: the user
+    /// forgets which of its pages it knew to be in memory (it reads
+    /// through its mapping only there) before its next access. Call
+    /// right before punching and right after (see
+    /// [`PeerRegistry::holes_changing`](crate::PeerRegistry::holes_changing)).
+    /// Does nothing once the link is cut.
+    pub fn holes_changing(&self, slot: u64) {
+        let _state = lock(&self.state);
+        if self.is_dead() {
+            return;
+        }
+        let word = holes_word(slot);
+        self.placements
+            .store(word, self.placements.load(word).wrapping_add(1));
     }
 
     /// Handles one frame from the user and the fds that came with it. An

@@ -885,3 +885,60 @@ fn only_peers_the_routing_table_reaches_directly_get_a_window() {
     drop(gpu);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Catches a registry whose `holes_changing` does not reach its users'
+/// placement pages (a user would then read a zero-filled VRAM range
+/// through its mapping and allocate it again in the owner's memfd), or a
+/// user whose reads of known pages stop going through the mapping.
+#[test]
+fn a_punch_announced_by_the_owner_keeps_its_holes_unallocated_at_the_user() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = temp_dir();
+    let (gpu, vram) = owner(&dir, "gpu0");
+    let efa_dma = DmaSpace::new();
+    let efa = PeerRegistry::start(config(&dir, "efa0"), efa_dma.clone(), vec![]).unwrap();
+    wait_for("the connection", || gpu.users() == 1 && efa.owners() == 1);
+    gpu.set_placement(2, Some(PLACE_A));
+    assert!(matches!(
+        efa_dma.classify(PLACE_A, BAR_SIZE),
+        DmaTarget::Peer(_)
+    ));
+
+    let data: Vec<u8> = (0..BAR_SIZE as u32).map(|i| (i % 253) as u8).collect();
+    vram.write_all_at(&data, 0).unwrap();
+    let mut seen = vec![0u8; 8192];
+    for at in (0..BAR_SIZE).step_by(8192) {
+        efa_dma.read(PLACE_A + at, &mut seen).unwrap();
+        assert_eq!(seen, data[at as usize..at as usize + 8192]);
+    }
+
+    gpu.holes_changing(2);
+    // SAFETY: fallocate on the owner's memfd, inside its size.
+    let rc = unsafe {
+        libc::fallocate(
+            vram.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            BAR_SIZE as libc::off_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    gpu.holes_changing(2);
+    for at in (0..BAR_SIZE).step_by(8192) {
+        efa_dma.read(PLACE_A + at, &mut seen).unwrap();
+        assert_eq!(seen, [0u8; 8192]);
+    }
+    assert_eq!(
+        vram.metadata().unwrap().blocks(),
+        0,
+        "the user's reads allocated punched pages"
+    );
+    assert_eq!(efa_dma.stats().peer.read_bytes, 2 * BAR_SIZE);
+    assert_eq!(
+        gpu.inbound(2),
+        Inbound {
+            written: 0,
+            read: 2 * BAR_SIZE
+        }
+    );
+}

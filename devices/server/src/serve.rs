@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use p2plab_kit::{PlacementHook, ServedDevice};
+use p2plab_kit::{HoleHook, PlacementHook, ServedDevice};
 use p2plab_pci::PciFunction;
 use p2plab_peer::Export;
 use p2plab_vfio_user::{DmaSpace, Server};
@@ -48,12 +48,18 @@ pub fn serve_device<M: ServedDevice>(
         .collect();
     let peers = args.start_peers(&dma, exports)?;
     if let (Some(peers), Some(bar)) = (&peers, M::PEER_BAR) {
-        let peers = Arc::clone(peers);
+        let placed = Arc::clone(peers);
         function
             .model_mut()
             .on_peer_bar_placement(PlacementHook::new(move |addr| {
-                peers.set_placement(bar, addr)
+                placed.set_placement(bar, addr)
             }));
+        // Peers read our BAR through their mappings where they know its
+        // pages are there: they must hear of a punch before and after it.
+        let punched = Arc::clone(peers);
+        function
+            .model_mut()
+            .on_peer_bar_holes(HoleHook::new(move || punched.holes_changing(bar)));
     }
     args.configure_tracer(control.tracer())?;
     let stats = Arc::new(DeviceStats::new(

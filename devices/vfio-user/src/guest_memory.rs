@@ -67,6 +67,11 @@ impl GuestMemory for DmaSpace {
         })
     }
 
+    fn prefault(&self, addr: u64, len: u64) -> Result<(), DmaFault> {
+        DmaSpace::prefault(self, addr, len)
+            .map_err(|e| fault(addr, usize::try_from(len).unwrap_or(usize::MAX), e))
+    }
+
     fn locate(&self, addr: u64, len: u64) -> BusTarget {
         match self.classify(addr, len) {
             DmaTarget::GuestMemory => BusTarget::Ram,

@@ -69,8 +69,8 @@ mod socket;
 pub use config::{ServerConfig, ServerError};
 pub use device::*;
 pub use dma::{
-    Access, DmaError, DmaRange, DmaSpace, DmaStats, DmaTarget, LocalMemory, LocalWindowId, Perms,
-    Traffic, DEFAULT_DMA_TIMEOUT,
+    populate_for_write, Access, DmaError, DmaRange, DmaSpace, DmaStats, DmaTarget, LocalMemory,
+    LocalWindowId, Perms, Traffic, DEFAULT_DMA_TIMEOUT, PREFAULT_STEP,
 };
 pub use guest_memory::{fault_kind, SharedRegion};
 pub use server::{Server, ShutdownHandle};

@@ -697,6 +697,9 @@ fn reg_mr(device: &Device, r: &RegMr, epoch: Epoch) -> Outcome {
             return fail(AdminStatus::MalformedRequest);
         }
     };
+    if r.permissions & (mr_access::LOCAL_WRITE | mr_access::REMOTE_WRITE) != 0 {
+        prefault(&device.gate.bound(epoch), &list);
+    }
     let mut state = device.lock();
     let Some((slot, generation)) = state.objects.mrs.free_slot() else {
         return fail(AdminStatus::ResourceAllocationFailure);
@@ -710,6 +713,40 @@ fn reg_mr(device: &Device, r: &RegMr, epoch: Epoch) -> Outcome {
     };
     state.objects.mrs.fill(slot, generation, Arc::new(mr));
     ok(Response::default().u32(8, key).u32(12, key))
+}
+
+/// Bytes of a writable MR faulted in when it is registered, at most: the
+/// first this many of it (a larger MR's rest is faulted in when written).
+pub(crate) const PREFAULT_MAX: u64 = 256 << 20;
+/// Bytes faulted in per entry into the DMA gate (a reset waits for one
+/// piece at most).
+const PREFAULT_PIECE: u64 = 2 << 20;
+
+/// Faults the first [`PREFAULT_MAX`] bytes of a writable MR's pages in,
+/// as registration pins them on real hardware (`ib_umem_get` for guest
+/// RAM, `ib_umem_dmabuf_get_pinned` for a GPU's dma-buf): the packets
+/// written into the MR later are plain copies into pages already there,
+/// where they would otherwise take a page fault per page (or, in a peer's
+/// VRAM that a zero fill just punched, allocate each page). Moves no
+/// data. Best effort: memory the transport cannot prepare so, or a
+/// refusal, leaves the rest to be faulted in when written.
+fn prefault(memory: &dyn GuestMemory, list: &PageList) {
+    let mut segments = Vec::new();
+    if !list.segments(list.iova, list.length.min(PREFAULT_MAX), &mut segments) {
+        return;
+    }
+    for (addr, len) in segments {
+        let end = addr.saturating_add(len as u64);
+        let mut at = addr;
+        while at < end {
+            let piece = (end - at).min(PREFAULT_PIECE);
+            if let Err(e) = memory.prefault(at, piece) {
+                p2plab_ratelimit::log_limited!(debug, error = %e, "REG_MR prefault stopped");
+                return;
+            }
+            at += piece;
+        }
+    }
 }
 
 /// A 24-bit key: slot + 1 in the low bits, the generation above.

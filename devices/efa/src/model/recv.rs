@@ -549,6 +549,13 @@ fn on_read_data(device: &Device, header: &Header, status: u8, offset: u64, data:
                     if !*seen {
                         *seen = true;
                         *left -= 1;
+                        // The timer measures silence, not the whole
+                        // read: a 4 MiB read behind three others takes
+                        // longer than one timeout to arrive, and asking
+                        // for all of it again while its data still flows
+                        // only doubles the traffic (per-packet
+                        // retransmission on real SRD never does that).
+                        p.deadline = std::time::Instant::now() + super::reliability::rto(p.tries);
                     }
                 }
                 (*left == 0).then(|| (Completion::of(p), IoStatus::Ok))

@@ -9,8 +9,13 @@ use vm_memory::{VolatileMemory, VolatileSlice};
 
 use super::backing::Backing;
 use super::{
-    range_end, Access, AddressMap, Chunk, ClientRange, DmaError, DmaSpace, DmaTarget, LocalWindow,
+    populate_for_write, range_end, Access, AddressMap, Chunk, ClientRange, DmaError, DmaSpace,
+    DmaTarget, LocalWindow,
 };
+
+/// Bytes [`DmaSpace::prefault`] faults in per piece (each piece holds
+/// its ranges in use while it runs).
+pub const PREFAULT_STEP: u64 = 2 << 20;
 
 impl DmaSpace {
     /// Splits `[gpa, gpa+len)` into pieces served by one range each,
@@ -233,6 +238,43 @@ impl DmaSpace {
             return Err(DmaError::Invalid(
                 "scatter-gather total differs from the buffer length",
             ));
+        }
+        Ok(())
+    }
+
+    /// Faults `[gpa, gpa+len)` in for writing ahead of use, as a device
+    /// that pins memory when it is registered: mmapped guest RAM and peer
+    /// windows get every page mapped writable in this process (a peer's
+    /// holes are allocated, zero-filled), so later writes into them take
+    /// no page fault and allocate nothing. Moves no data and counts
+    /// nothing; memory reached by pread/pwrite or by messages is left
+    /// alone. Goes through the range [`PREFAULT_STEP`] bytes at a time,
+    /// each piece resolved on its own, so an unmap waits for one piece at
+    /// most. An error (unmapped, read-only, the kernel refusing) stops it:
+    /// the pages not faulted in are faulted in when used, as before.
+    pub fn prefault(&self, gpa: u64, len: u64) -> Result<(), DmaError> {
+        let end = range_end(gpa, len)?;
+        let mut at = gpa;
+        while at < end {
+            let piece = (end - at).min(PREFAULT_STEP);
+            // piece <= PREFAULT_STEP, which fits any usize.
+            let chunks = self.resolve(at, piece as usize, Access::Write)?;
+            for chunk in &chunks {
+                match chunk {
+                    Chunk::Mmap {
+                        range, offset, len, ..
+                    } => populate_for_write(&mmap_slice(range, *offset, *len)?)
+                        .map_err(|e| DmaError::Io(format!("prefault of guest memory: {e}")))?,
+                    Chunk::Local {
+                        window,
+                        offset,
+                        len,
+                        ..
+                    } => window.memory.prefault(*offset, *len as u64)?,
+                    Chunk::File { .. } | Chunk::Message { .. } => {}
+                }
+            }
+            at += piece;
         }
         Ok(())
     }

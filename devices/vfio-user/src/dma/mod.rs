@@ -23,6 +23,7 @@
 //! [`DmaSpace`] is a cheap `Arc` handle: clone it into device threads.
 
 mod access;
+pub use access::PREFAULT_STEP;
 mod backing;
 mod inflight;
 mod message;
@@ -35,6 +36,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
+use vm_memory::VolatileSlice;
 
 use backing::Backing;
 pub(crate) use inflight::{RangeUse, RangeUsers};
@@ -163,6 +165,40 @@ impl fmt::Debug for DmaSpace {
 
 fn range_end(gpa: u64, len: u64) -> Result<u64, DmaError> {
     gpa.checked_add(len).ok_or(DmaError::Overflow { gpa, len })
+}
+
+/// Faults every page `slice` touches in for writing
+/// (`MADV_POPULATE_WRITE`): a shared memfd mapping's holes get pages
+/// (zero-filled) and every page is mapped writable in this process's page
+/// tables, so stores into the slice then take no page fault. Changes no
+/// byte (it only faults pages in), so memory that others write meanwhile
+/// keeps what they wrote.
+pub fn populate_for_write(slice: &VolatileSlice<'_>) -> std::io::Result<()> {
+    if slice.is_empty() {
+        return Ok(());
+    }
+    let page = usize::try_from(page_size()).unwrap_or(4096);
+    let start = slice.ptr_guard().as_ptr() as usize;
+    let aligned = start - start % page;
+    let end = start
+        .checked_add(slice.len())
+        .and_then(|e| e.checked_next_multiple_of(page))
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: MADV_POPULATE_WRITE changes no memory contents and no
+    // mapping: it only faults in the pages of `[aligned, end)`, which are
+    // the pages `slice` (a view into one of our mappings) lies in. A range
+    // outside any mapping is refused with ENOMEM, not touched.
+    let rc = unsafe {
+        libc::madvise(
+            aligned as *mut libc::c_void,
+            end - aligned,
+            libc::MADV_POPULATE_WRITE,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn page_size() -> u64 {

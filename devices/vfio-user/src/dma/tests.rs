@@ -991,3 +991,85 @@ fn a_peer_window_move_that_times_out_leaves_no_window() {
     release.send(()).unwrap();
     assert_eq!(stuck.join().unwrap(), Ok(Some(())));
 }
+
+/// A window's memory that records the prefaults asked of it.
+struct PrefaultLog {
+    size: u64,
+    asked: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl LocalMemory for PrefaultLog {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), DmaError> {
+        Ok(())
+    }
+    fn write_at(&self, _offset: u64, _data: &[u8]) -> Result<(), DmaError> {
+        Ok(())
+    }
+    fn prefault(&self, offset: u64, len: u64) -> Result<(), DmaError> {
+        self.asked.lock().unwrap().push((offset, len));
+        Ok(())
+    }
+}
+
+/// Catches a prefault (an EFA registering a writable MR) that leaves
+/// mmapped guest RAM's pages to be faulted in by the packets, changes a
+/// byte, counts itself as DMA traffic, prefaults a range the client made
+/// read-only or one served by pwrite, or skips a window (a peer's VRAM)
+/// or asks it about the wrong part of its memory.
+#[test]
+fn prefault_allocates_mmapped_pages_and_asks_windows_moving_no_data() {
+    use std::os::unix::fs::MetadataExt;
+    let allocated = |f: &File| f.metadata().unwrap().blocks() * 512;
+    let dma = DmaSpace::new();
+    let ram = memfd(8 * MIB, libc::F_SEAL_SHRINK);
+    dma.map_fd(0, 8 * MIB, Perms::READ_WRITE, owned(&ram), 0)
+        .unwrap();
+    ram.write_all_at(b"kept", 5 * MIB).unwrap();
+    assert_eq!(allocated(&ram), 4096);
+
+    // 5 MiB from 1 MiB: three pieces, every page of them allocated.
+    dma.prefault(MIB, 5 * MIB + 1).unwrap();
+    assert_eq!(allocated(&ram), 5 * MIB + 4096);
+    let mut back = [0u8; 4];
+    ram.read_exact_at(&mut back, 5 * MIB).unwrap();
+    assert_eq!(&back, b"kept");
+    let mut zeros = vec![0xffu8; MIB as usize];
+    ram.read_exact_at(&mut zeros, MIB).unwrap();
+    assert!(zeros.iter().all(|&b| b == 0));
+    assert_eq!(dma.stats(), DmaStats::default(), "a prefault is no traffic");
+
+    // A window over part of RAM gets its own part asked, in pieces.
+    let log = Arc::new(PrefaultLog {
+        size: 16 * MIB,
+        asked: std::sync::Mutex::new(Vec::new()),
+    });
+    dma.add_peer_window(0x1000_0000, 4 * MIB, log.clone(), 8 * MIB)
+        .unwrap();
+    dma.prefault(0x1000_0000 + 4096, 3 * MIB).unwrap();
+    assert_eq!(
+        *log.asked.lock().unwrap(),
+        [(8 * MIB + 4096, 2 * MIB), (10 * MIB + 4096, MIB)]
+    );
+
+    // Read-only memory is refused; memory served by pwrite is left alone.
+    let rom = memfd(MIB, libc::F_SEAL_SHRINK);
+    dma.map_fd(0x2000_0000, MIB, Perms::READ_ONLY, owned(&rom), 0)
+        .unwrap();
+    assert!(matches!(
+        dma.prefault(0x2000_0000, MIB),
+        Err(DmaError::Permission { .. })
+    ));
+    assert_eq!(allocated(&rom), 0);
+    let loose = memfd(MIB, 0);
+    dma.map_fd(0x3000_0000, MIB, Perms::READ_WRITE, owned(&loose), 0)
+        .unwrap();
+    dma.prefault(0x3000_0000, MIB).unwrap();
+    assert_eq!(allocated(&loose), 0);
+    assert!(matches!(
+        dma.prefault(0x4000_0000, 4096),
+        Err(DmaError::Unmapped { .. })
+    ));
+}

@@ -252,6 +252,14 @@ pub trait LocalMemory: Send + Sync {
     fn note_direct(&self, len: usize, access: Access) {
         let _ = (len, access);
     }
+    /// Faults `[offset, offset+len)` in for writing ahead of use (see
+    /// [`DmaSpace::prefault`](crate::DmaSpace::prefault)): moves no data,
+    /// counts nothing. Memory that needs nothing of the kind (the
+    /// device's own BARs) ignores it.
+    fn prefault(&self, offset: u64, len: u64) -> Result<(), DmaError> {
+        let _ = (offset, len);
+        Ok(())
+    }
     /// Whether a window onto this memory may still serve accesses where it
     /// sits. A peer's memory says no as soon as its owner revoked the
     /// placement (moved the BAR, turned decode off, cut us off), even
