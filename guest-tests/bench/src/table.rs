@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::hostcpu::JobCost;
 use crate::measure::Side;
 use crate::rows::Row;
 use crate::settings::Settings;
@@ -52,6 +53,9 @@ fn cell(values: &[f64], decimals: usize) -> String {
     }
 }
 
+/// A host CPU figure: its name, how to pick it, its decimals.
+type Figure = (&'static str, fn(&JobCost) -> f64, usize);
+
 /// The NVMe servers' host CPU per I/O and per MiB of each compared job,
 /// busy and total, one column per server.
 pub fn print_host_cpu(sides: &[(&str, &Side)]) {
@@ -66,7 +70,7 @@ pub fn print_host_cpu(sides: &[(&str, &Side)]) {
         heading.push_str(&format!(" {name:>24}"));
     }
     println!("{heading}");
-    let figures: [(&str, fn(&crate::hostcpu::JobCost) -> f64, usize); 4] = [
+    let figures: [Figure; 4] = [
         ("busy µs/IO", |c| c.busy_us_per_io, 1),
         ("total µs/IO", |c| c.total_us_per_io, 1),
         ("busy µs/MiB", |c| c.busy_us_per_mib, 0),
