@@ -167,9 +167,29 @@ impl Target {
         // Without hugepages: the guest's RAM reaches nvmf_tgt as the memfd
         // QEMU shares (the topology's memory-backend-memfd,share=on), which
         // it maps itself; its own buffers need no more than ordinary memory.
+        // --no-pci: it serves a file, and must not probe the host's PCI
+        // devices. A shared-library build (`--with-shared`, or a packaged
+        // DPDK) finds its libraries under build/.
+        let lib_path = [
+            spec.build.dir.join("build/lib"),
+            spec.build.dir.join("build/libvfio-user/usr/local/lib"),
+        ]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
         let child = Command::new(&spec.build.nvmf_tgt)
-            .args(["-m", spec.core_mask, "--no-huge", "-s", "1024", "-r"])
+            .args([
+                "-m",
+                spec.core_mask,
+                "--no-huge",
+                "-s",
+                "1024",
+                "--no-pci",
+                "-r",
+            ])
             .arg(&rpc)
+            .env("LD_LIBRARY_PATH", lib_path)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
