@@ -49,7 +49,7 @@ with_4k_pages() {
   echo "$thp_was" > $thp
 }
 
-# host_mark LABEL begin|end: a `HOSTCPU LABEL AT` line with nvme0n1's
+# host_mark LABEL begin|end: a `HOSTMARK LABEL AT` line with nvme0n1's
 # block-layer counters (I/Os and sectors done, each direction), then a
 # second's pause in which the host, following the console, reads the
 # server's CPU time at that line (src/hostcpu.rs): the same for every
@@ -57,7 +57,7 @@ with_4k_pages() {
 host_mark() {
   local s
   read -r -a s < /sys/block/nvme0n1/stat
-  echo "HOSTCPU $1 $2 reads=${s[0]} read_sectors=${s[2]} writes=${s[4]} write_sectors=${s[6]}"
+  echo "HOSTMARK $1 $2 reads=${s[0]} read_sectors=${s[2]} writes=${s[4]} write_sectors=${s[6]}"
   sleep 1
 }
 

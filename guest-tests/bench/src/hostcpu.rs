@@ -1,5 +1,5 @@
 //! Server CPU per I/O, measured on the host the same way for every NVMe
-//! server: the guest prints a `HOSTCPU LABEL begin|end` mark (with its
+//! server: the guest prints a `HOSTMARK LABEL begin|end` mark (with its
 //! block-layer counters of nvme0n1) around each compared job and sleeps a
 //! second; a thread here follows the console and, at each mark, reads the
 //! server's CPU time. Total is the CPU the server's process (or threads)
@@ -186,9 +186,9 @@ pub struct Watcher {
     thread: JoinHandle<Result<Marks>>,
 }
 
-/// `(label, at)` of a console line with a `HOSTCPU` mark.
+/// `(label, at)` of a console line with a `HOSTMARK` mark.
 fn parse_mark(line: &str) -> Option<(String, String)> {
-    let mut words = after(line, "HOSTCPU ")?.split_whitespace();
+    let mut words = after(line, "HOSTMARK ")?.split_whitespace();
     let label = words.next()?;
     let at = words.next().filter(|a| *a == "begin" || *a == "end")?;
     Some((label.to_owned(), at.to_owned()))
@@ -243,8 +243,8 @@ pub struct JobCost {
 
 /// The guest's nvme0n1 counters at a mark: (I/Os, bytes).
 fn guest_counters(output: &str, label: &str, at: &str) -> Result<(f64, f64)> {
-    let line = after(output, &format!("HOSTCPU {label} {at} "))
-        .with_context(|| format!("no HOSTCPU mark {at} of {label} in the guest output"))?;
+    let line = after(output, &format!("HOSTMARK {label} {at} "))
+        .with_context(|| format!("no HOSTMARK mark {at} of {label} in the guest output"))?;
     let word = |key: &str| -> Result<f64> {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
@@ -340,10 +340,10 @@ mod tests {
     #[test]
     fn job_cost_is_cpu_over_the_guests_ios_and_bytes() {
         let output = "\
-HOSTCPU a begin reads=100 read_sectors=800 writes=0 write_sectors=0
-HOSTCPU a end reads=1100 read_sectors=8800 writes=1000 write_sectors=8000
-HOSTCPU b begin reads=5 read_sectors=5 writes=5 write_sectors=5
-[  1.0] noise HOSTCPU b end reads=5 read_sectors=5 writes=5 write_sectors=5
+HOSTMARK a begin reads=100 read_sectors=800 writes=0 write_sectors=0
+HOSTMARK a end reads=1100 read_sectors=8800 writes=1000 write_sectors=8000
+HOSTMARK b begin reads=5 read_sectors=5 writes=5 write_sectors=5
+[  1.0] noise HOSTMARK b end reads=5 read_sectors=5 writes=5 write_sectors=5
 ";
         let mut marks = Marks::new();
         let t = |total_us, busy_us| CpuTime { total_us, busy_us };
@@ -360,9 +360,13 @@ HOSTCPU b begin reads=5 read_sectors=5 writes=5 write_sectors=5
         assert!(job_cost(output, &marks, "b").is_err(), "no I/O");
         assert!(job_cost(output, &marks, "c").is_err(), "no marks");
         assert_eq!(
-            parse_mark("x HOSTCPU a end reads=1"),
+            parse_mark("x HOSTMARK a end reads=1"),
             Some(("a".into(), "end".into()))
         );
-        assert_eq!(parse_mark("HOSTCPU a middle"), None);
+        assert_eq!(parse_mark("HOSTMARK a middle"), None);
+        // The guest-side P2P marks look for `CPU LABEL begin `: a host
+        // mark must not read as one.
+        let line = "HOSTMARK a begin reads=1";
+        assert!(!line.contains("CPU a begin "));
     }
 }

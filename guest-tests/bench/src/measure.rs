@@ -87,7 +87,7 @@ impl Server<'_> {
 }
 
 /// Like [`boot`], with the host following the console and reading
-/// `server`'s CPU time at each `HOSTCPU` mark.
+/// `server`'s CPU time at each `HOSTMARK` mark.
 fn boot_measured(options: &LabOptions, server: &Server) -> Result<(Outcome, Marks)> {
     let lab = Lab::start(options)?;
     let meter = server.meter(&lab)?;
@@ -131,7 +131,7 @@ impl Side {
                 .with_context(|| format!("{topology}: no result for {label}"))?;
             let sample = fio::parse(line).with_context(|| format!("{topology}: {label}"))?;
             self.samples.entry(label.clone()).or_default().push(sample);
-            if outcome.output.contains(&format!("HOSTCPU {label} begin ")) {
+            if outcome.output.contains(&format!("HOSTMARK {label} begin ")) {
                 let cost = hostcpu::job_cost(&outcome.output, &marks, label)
                     .with_context(|| format!("{topology}: host CPU of {label}"))?;
                 self.host_cpu.entry(label.clone()).or_default().push(cost);
