@@ -272,6 +272,26 @@ pub fn render(results: &Value) -> Result<String> {
         "p2plab_nvme",
         "qemu_nvme",
     );
+    let compared_spdk = results
+        .get("compared_spdk")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    if !compared_spdk.is_empty() {
+        let _ = write!(
+            out,
+            "\nSPDK {} `nvmf_tgt` (VFIOUSER transport, aio bdev, one reactor) attached with \
+             `vfio-user-pci`, booted in the same rounds:\n",
+            str_at(results, &["spdk", "version"])?
+        );
+    }
+    comparison(
+        &mut out,
+        ["workload", "p2plab-nvme", "spdk nvmf_tgt", "ratio"],
+        compared_spdk,
+        "p2plab_nvme",
+        "spdk",
+    );
+    render_host_cpu(&mut out, results);
     comparison(
         &mut out,
         [
@@ -312,6 +332,61 @@ pub fn render(results: &Value) -> Result<String> {
     render_rss(&mut out, results);
     render_nic_paths(&mut out, results);
     Ok(out)
+}
+
+/// The NVMe servers' host CPU per I/O and per MiB of each compared job,
+/// one column per server the run had.
+fn render_host_cpu(out: &mut String, results: &Value) {
+    let Some(jobs) = results
+        .get("host_cpu")
+        .and_then(Value::as_object)
+        .filter(|j| !j.is_empty())
+    else {
+        return;
+    };
+    let servers: Vec<(&str, &str)> = [
+        ("p2plab_nvme", "p2plab-nvme"),
+        ("qemu_nvme", "qemu nvme"),
+        ("spdk", "spdk nvmf_tgt"),
+    ]
+    .into_iter()
+    .filter(|(key, _)| jobs.values().any(|j| j.get(*key).is_some()))
+    .collect();
+    out.push_str("\n| server CPU (host) |");
+    for (_, name) in &servers {
+        let _ = write!(out, " {name} |");
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"--:|".repeat(servers.len()));
+    out.push('\n');
+    let figures = [
+        ("busy_us_per_io", "busy µs/IO", 1),
+        ("total_us_per_io", "total µs/IO", 1),
+        ("busy_us_per_mib", "busy µs/MiB", 0),
+        ("total_us_per_mib", "total µs/MiB", 0),
+    ];
+    for (job, by_server) in jobs {
+        for (key, what, decimals) in figures {
+            let _ = write!(out, "| {job} {what} |");
+            for (server, _) in &servers {
+                let cell = by_server
+                    .get(*server)
+                    .and_then(|f| f.get(key))
+                    .and_then(spread)
+                    .map_or("-".into(), |s| {
+                        format!(
+                            "{:.d$} ({:.d$}–{:.d$})",
+                            s.median,
+                            s.min,
+                            s.max,
+                            d = decimals
+                        )
+                    });
+                let _ = write!(out, " {cell} |");
+            }
+            out.push('\n');
+        }
+    }
 }
 
 /// The counters EFA path table shows: (server, counter).
@@ -486,6 +561,60 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("P2P workload"), "empty parts have no table");
+    }
+
+    /// Catches: the SPDK comparison or the host CPU table left out of the
+    /// docs, a server's column filled from another's figures, or a column
+    /// for SPDK when the run had none.
+    #[test]
+    fn spdk_rows_and_host_cpu_are_rendered() {
+        let mut r = results();
+        let text = render(&r).unwrap();
+        assert!(
+            !text.contains("spdk") && !text.contains("server CPU (host)"),
+            "{text}"
+        );
+        let s = |m: f64| serde_json::json!({"median": m, "min": m - 0.5, "max": m + 0.5});
+        r["host_cpu"] = serde_json::json!({"4k": {
+            "p2plab_nvme": {"busy_us_per_io": s(3.0), "total_us_per_io": s(9.0),
+                            "busy_us_per_mib": s(768.0), "total_us_per_mib": s(2304.0)},
+            "qemu_nvme": {"busy_us_per_io": s(5.0), "total_us_per_io": s(5.0),
+                          "busy_us_per_mib": s(1280.0), "total_us_per_mib": s(1280.0)}}});
+        let text = render(&r).unwrap();
+        assert!(
+            text.contains("| server CPU (host) | p2plab-nvme | qemu nvme |\n|---|--:|--:|\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 4k busy µs/IO | 3.0 (2.5–3.5) | 5.0 (4.5–5.5) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 4k total µs/MiB | 2304 (2304–2304) | 1280 (1280–1280) |"),
+            "{text}"
+        );
+        r["host_cpu"]["4k"]["spdk"] = serde_json::json!({"busy_us_per_io": s(2.0)});
+        r["spdk"] = serde_json::json!({"version": "26.09"});
+        r["compared_spdk"] = serde_json::json!([{"figure": "4k IOPS",
+            "p2plab_nvme": s(100.0), "spdk": s(200.0), "ratio": s(0.5)}]);
+        let text = render(&r).unwrap();
+        assert!(text.contains("SPDK 26.09 `nvmf_tgt`"), "{text}");
+        assert!(
+            text.contains("| workload | p2plab-nvme | spdk nvmf_tgt | ratio |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 4k IOPS | 100 (100–100) | 200 (200–200) | 0.50 (0.00–1.00) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 4k busy µs/IO | 3.0 (2.5–3.5) | 5.0 (4.5–5.5) | 2.0 (1.5–2.5) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 4k busy µs/MiB | 768 (768–768) | 1280 (1280–1280) | - |"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 # src/guest.rs): fio jobs on /dev/nvme0n1, one `BENCH LABEL {fio JSON}`
 # line each. The host appends the jobs as calls of the functions below:
 #
-#   fio_job LABEL ram FIO_OPTION...        each compared job
+#   host_mark LABEL begin; fio_job LABEL ram FIO_OPTION...; host_mark LABEL end
+#                                          each compared job
 #   find_gpu                               then, with the P2P jobs, each:
 #   with_4k_pages fio_job ram4k-NAME ram FIO_OPTION...
 #   cpu_mark ram-NAME begin SERVER...; fio_job ram-NAME ram ...; cpu_mark ram-NAME end SERVER...
@@ -46,6 +47,18 @@ with_4k_pages() {
   echo never > $thp
   "$@"
   echo "$thp_was" > $thp
+}
+
+# host_mark LABEL begin|end: a `HOSTMARK LABEL AT` line with nvme0n1's
+# block-layer counters (I/Os and sectors done, each direction), then a
+# second's pause in which the host, following the console, reads the
+# server's CPU time at that line (src/hostcpu.rs): the same for every
+# server, whatever it is.
+host_mark() {
+  local s
+  read -r -a s < /sys/block/nvme0n1/stat
+  echo "HOSTMARK $1 $2 reads=${s[0]} read_sectors=${s[2]} writes=${s[4]} write_sectors=${s[6]}"
+  sleep 1
 }
 
 # cpu_mark LABEL begin|end SERVER...: one `CPU LABEL AT SERVER {status}`

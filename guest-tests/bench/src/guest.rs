@@ -29,14 +29,18 @@ fn cpu_mark(label: &str, at: &str) -> Vec<String> {
         .collect()
 }
 
-/// The fio jobs of an NVMe boot, `runtime` seconds each; with `p2p`, each
+/// The fio jobs of an NVMe boot, `runtime` seconds each, each compared
+/// job between host CPU marks (`host_mark`); with `p2p`, each
 /// P2P job into 4 KiB-page RAM (first, so that it gets the least
 /// fragmented memory of the three), into RAM and into the GPU's p2pmem,
 /// the last two between CPU marks.
 pub fn nvme_jobs(jobs: &[&Job], runtime: u32, p2p: bool) -> GuestScript {
     let mut script = GuestScript::new("nvme-jobs.sh", NVME_JOBS).var("RUNTIME", runtime);
     for job in jobs {
-        script = script.call(fio_job(job.name, "ram", job));
+        script = script
+            .call(["host_mark", job.name, "begin"])
+            .call(fio_job(job.name, "ram", job))
+            .call(["host_mark", job.name, "end"]);
     }
     if !p2p {
         return script;
@@ -94,16 +98,20 @@ mod tests {
     /// Catches: a job run twice or not at all, the 4 KiB-page RAM job
     /// run with THP on, CPU marks missing around a P2P job (its server
     /// CPU row would fail) or around the wrong one, p2pmem used by an
-    /// anchor boot, and `--only` ignored.
+    /// anchor boot, `--only` ignored, and a compared job not between
+    /// its own host CPU marks.
     #[test]
     fn an_nvme_boot_runs_every_job_once_in_its_memory() {
         let plan = calls(&nvme_jobs(&selected(&[]), 5, true), NVME_JOBS);
         for job in COMPARED {
             let want = format!("fio_job {} ram {}", job.name, job.fio);
             assert_eq!(plan.iter().filter(|c| **c == want).count(), 1, "{want}");
+            let at = plan.iter().position(|c| *c == want).unwrap();
+            assert_eq!(plan[at - 1], format!("host_mark {} begin", job.name));
+            assert_eq!(plan[at + 1], format!("host_mark {} end", job.name));
         }
         let first_p2p = plan.iter().position(|c| c == "find_gpu").unwrap();
-        assert_eq!(first_p2p, COMPARED.len());
+        assert_eq!(first_p2p, 3 * COMPARED.len());
         for job in P2P {
             let at = plan
                 .iter()
@@ -124,7 +132,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(plan.len(), COMPARED.len() + 1 + 7 * P2P.len());
+        assert_eq!(plan.len(), 3 * COMPARED.len() + 1 + 7 * P2P.len());
         let anchor = calls_text(&nvme_jobs(&selected(&[]), 5, false));
         assert!(!anchor.contains("p2pmem") && !anchor.contains("find_gpu"));
         let one = calls(
@@ -133,7 +141,11 @@ mod tests {
         );
         assert_eq!(
             one,
-            [format!("fio_job 4k-randread-qd32 ram {}", COMPARED[0].fio)]
+            [
+                "host_mark 4k-randread-qd32 begin".to_owned(),
+                format!("fio_job 4k-randread-qd32 ram {}", COMPARED[0].fio),
+                "host_mark 4k-randread-qd32 end".to_owned(),
+            ]
         );
     }
 

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::hostcpu::JobCost;
 use crate::measure::Side;
 use crate::rows::Row;
 use crate::settings::Settings;
@@ -89,10 +90,33 @@ pub fn efa_results(
     })
 }
 
+/// The NVMe servers' CPU per I/O and per MiB of each compared job, read
+/// on the host the same way for each (`hostcpu`): job -> server ->
+/// figure -> spread over the rounds.
+fn host_cpu_json(sides: &[(&str, &Side)]) -> Value {
+    let mut jobs = serde_json::Map::new();
+    for (server, side) in sides {
+        for (job, costs) in &side.host_cpu {
+            let pick = |f: fn(&JobCost) -> f64| -> Vec<f64> { costs.iter().map(f).collect() };
+            let entry = jobs
+                .entry(job.clone())
+                .or_insert_with(|| Value::Object(Default::default()));
+            entry[*server] = json!({
+                "busy_us_per_io": spread_json(&pick(|c| c.busy_us_per_io)),
+                "total_us_per_io": spread_json(&pick(|c| c.total_us_per_io)),
+                "busy_us_per_mib": spread_json(&pick(|c| c.busy_us_per_mib)),
+                "total_us_per_mib": spread_json(&pick(|c| c.total_us_per_mib)),
+            });
+        }
+    }
+    jobs.into()
+}
+
 /// What each side measured, for the report.
 pub struct Measured<'a> {
     pub ours: &'a Side,
     pub anchor: &'a Side,
+    pub spdk: &'a Side,
     pub copies: &'a Side,
     pub rdma: &'a Side,
 }
@@ -102,10 +126,23 @@ pub fn results(
     settings: &Settings,
     measured: &Measured,
     compared: &[Row],
+    compared_spdk: &[Row],
     p2p: &[Row],
     rdma: &[Row],
 ) -> Value {
     let s = settings;
+    let spdk = s.spdk.as_ref().map(|k| {
+        json!({"dir": k.dir, "version": k.version, "topology": k.topology, "device": k.device,
+               "disk": k.disk, "bdev": "aio (O_DIRECT)", "reactor_mask": "0x1",
+               "run_dirs": measured.spdk.run_dirs})
+    });
+    let mut cpu_sides = vec![
+        ("p2plab_nvme", measured.ours),
+        ("qemu_nvme", measured.anchor),
+    ];
+    if spdk.is_some() {
+        cpu_sides.push(("spdk", measured.spdk));
+    }
     json!({
         "date_utc": s.date_utc,
         "machine": machine(),
@@ -118,6 +155,11 @@ pub fn results(
         "copies": {"topology": s.copy_topology, "len": s.copy_len, "nvme_extra_args": s.nvme_extra_args, "run_dirs": measured.copies.run_dirs},
         "compared_ratio": "p2plab-nvme / qemu nvme, per round",
         "compared": rows_json(compared, "p2plab_nvme", "qemu_nvme"),
+        "spdk": spdk,
+        "compared_spdk_ratio": "p2plab-nvme / SPDK nvmf_tgt (vfio-user), per round",
+        "compared_spdk": rows_json(compared_spdk, "p2plab_nvme", "spdk"),
+        "host_cpu_note": "server CPU between the guest's marks around each compared job, read on the host; per I/O and per MiB the guest's nvme0n1 completed between the same marks; busy leaves out idle polling (p2plab-nvme: idle_poll_cpu_us; SPDK: reactor idle ticks; QEMU: none, it does not poll); QEMU: its process less its vCPU threads",
+        "host_cpu": host_cpu_json(&cpu_sides),
         "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
         "p2p": rows_json(p2p, "p2p", "ram"),
         "rdma": {"topology": s.rdma_topology, "len": s.rdma_len, "post": s.rdma_post, "mtus": s.rdma_mtus, "run_dirs": measured.rdma.run_dirs, "nic_dma_paths": measured.rdma.nic_paths},
@@ -148,6 +190,7 @@ mod tests {
             nvme_extra_args: vec!["--caching".into(), "direct".into()],
             anchor_topology: "/x/anchor-qemu-nvme.args".into(),
             anchor_drive: "-drive file=x,cache=none".into(),
+            spdk: None,
             copy_topology: "two-nvme".into(),
             copy_len: "512M".into(),
             rdma_topology: "rdma".into(),
@@ -155,9 +198,17 @@ mod tests {
             rdma_post: "256K".into(),
             rdma_mtus: vec![65536],
         };
-        let (mut ours, anchor, copies, rdma) = Default::default();
+        let (mut ours, anchor, copies, rdma, spdk) = Default::default();
         let ours: &mut Side = &mut ours;
         ours.rss.insert("qemu".into(), vec![1 << 20]);
+        let cost = |busy| JobCost {
+            total_us_per_io: 10.0,
+            busy_us_per_io: busy,
+            total_us_per_mib: 2560.0,
+            busy_us_per_mib: busy * 256.0,
+        };
+        ours.host_cpu
+            .insert("4k-randread-qd32".into(), vec![cost(1.0), cost(3.0)]);
         let row = Row {
             label: "4k-randread-qd32 IOPS".into(),
             left: vec![2.0, 4.0],
@@ -167,16 +218,40 @@ mod tests {
         let measured = Measured {
             ours,
             anchor: &anchor,
+            spdk: &spdk,
             copies: &copies,
             rdma: &rdma,
         };
-        let doc = results(&settings, &measured, &[row], &[], &[]);
+        let doc = results(&settings, &measured, &[row], &[], &[], &[]);
         let keys = |v: &Value| -> Vec<String> {
             let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
             k.sort();
             k
         };
-        assert_eq!(keys(&doc), keys(&kept));
+        // The kept layout, plus what came after it (SPDK, host CPU).
+        let added = [
+            "compared_spdk",
+            "compared_spdk_ratio",
+            "host_cpu",
+            "host_cpu_note",
+            "spdk",
+        ];
+        let mut old: Vec<String> = keys(&doc)
+            .into_iter()
+            .filter(|k| !added.contains(&k.as_str()))
+            .collect();
+        old.sort();
+        let mut kept_keys = keys(&kept);
+        kept_keys.retain(|k| !added.contains(&k.as_str()));
+        assert_eq!(old, kept_keys);
+        assert_eq!(doc["spdk"], Value::Null);
+        let cpu = &doc["host_cpu"]["4k-randread-qd32"];
+        assert_eq!(cpu["p2plab_nvme"]["busy_us_per_io"]["median"], 2.0);
+        assert_eq!(cpu["p2plab_nvme"]["busy_us_per_mib"]["max"], 768.0);
+        assert!(
+            cpu.get("spdk").is_none(),
+            "no SPDK side without --anchor spdk"
+        );
         for section in ["ours", "anchor", "copies", "rdma", "peak_rss_mib"] {
             assert_eq!(keys(&doc[section]), keys(&kept[section]), "{section}");
         }

@@ -26,11 +26,13 @@ mod efa;
 mod fio;
 mod guest;
 mod guest_output;
+mod hostcpu;
 mod jobs;
 mod json;
 mod measure;
 mod rows;
 mod settings;
+mod spdk;
 mod stats;
 mod svg;
 mod table;
@@ -46,8 +48,9 @@ use p2plab_lab::lab::format_utc;
 use p2plab_lab::topology::parse_size;
 use p2plab_lab::{Accel, GuestControl, GuestScript, LabOptions, LabPaths, Timeout};
 
+use crate::anchor::{parse_anchor, AnchorArg};
 use crate::jobs::{p2p_labels, selected, Caching, Job, COMPARED, P2P};
-use crate::measure::Side;
+use crate::measure::{Server, Side};
 use crate::rows::Row;
 use crate::settings::Settings;
 
@@ -81,9 +84,14 @@ struct Cli {
     /// Bytes each NVMe → NVMe copy moves.
     #[arg(long, default_value = "512M", value_parser = parse_copy_len)]
     copy_len: String,
-    /// Topology for the anchor; its one `-drive` gets the cache mode.
-    #[arg(long, default_value = "anchor-qemu-nvme")]
-    anchor: String,
+    /// An anchor (repeatable): a topology for QEMU's nvme (`TOPOLOGY` or
+    /// `qemu=TOPOLOGY`; its one `-drive` gets the cache mode; default
+    /// anchor-qemu-nvme), and/or `spdk=DIR`: SPDK's nvmf_tgt from the SPDK
+    /// build in DIR (configured --with-vfio-user), over a file of the same
+    /// size, attached with vfio-user-pci, in the same rounds beside QEMU's
+    /// nvme (needs --caching direct: SPDK's aio bdev is O_DIRECT).
+    #[arg(long, value_parser = parse_anchor, value_name = "TOPOLOGY|spdk=DIR")]
+    anchor: Vec<AnchorArg>,
     /// Skip the RDMA workloads (nic0 → wire → nic1, GPU memory against RAM).
     #[arg(long)]
     no_rdma: bool,
@@ -202,6 +210,8 @@ struct Boots {
     /// The anchor's jobs, and their labels.
     anchor: LabOptions,
     anchor_labels: Vec<String>,
+    /// The SPDK anchor's boot, with `--anchor spdk=DIR`.
+    spdk: Option<SpdkBoot>,
     /// The NVMe → NVMe copies, `copy_len` bytes each.
     copies: LabOptions,
     copy_len: u64,
@@ -210,11 +220,47 @@ struct Boots {
     rdma_len: u64,
 }
 
+/// The SPDK anchor: the build, where its target runs, and its boot.
+struct SpdkBoot {
+    build: spdk::SpdkBuild,
+    /// Its sockets and log, made anew each round.
+    folder: PathBuf,
+    disk: PathBuf,
+    disk_size: u64,
+    options: LabOptions,
+    labels: Vec<String>,
+}
+
+impl SpdkBoot {
+    /// One round: nvmf_tgt started, the jobs run against it, nvmf_tgt
+    /// stopped; one that died is named as the cause.
+    fn run(&self, side: &mut Side) -> Result<()> {
+        if self.folder.exists() {
+            std::fs::remove_dir_all(&self.folder)
+                .with_context(|| format!("removing {}", self.folder.display()))?;
+        }
+        let mut target = spdk::Target::start(&spdk::TargetSpec {
+            build: &self.build,
+            folder: &self.folder,
+            disk: &self.disk,
+            disk_size: self.disk_size,
+            core_mask: "0x1",
+        })?;
+        let ran = side.run_jobs(&self.options, &self.labels, &Server::Spdk(&target));
+        target
+            .check_alive()
+            .context("the SPDK anchor's nvmf_tgt died during the boot")?;
+        ran?;
+        target.stop()
+    }
+}
+
 /// What every kind of boot measured over the rounds.
 #[derive(Default)]
 struct Sides {
     ours: Side,
     anchor: Side,
+    spdk: Side,
     copies: Side,
     rdma: Side,
 }
@@ -327,7 +373,11 @@ fn nvme_boots(
     let jobs: Vec<&Job> = selected(&cli.only);
     let p2p = !cli.no_p2p;
     let mut ours = boot_options(cli, &cli.ours, &guest::nvme_jobs(&jobs, cli.runtime, p2p))?;
-    ours.server_args = server_args(&["nvme0"], nvme_args);
+    // The host reads p2plab-nvme's busy CPU from its stats file at each
+    // job's marks: fresh to 50 ms.
+    let mut ours_args = nvme_args.to_vec();
+    ours_args.extend(["--stats-interval-ms".to_owned(), "50".to_owned()]);
+    ours.server_args = server_args(&["nvme0"], &ours_args);
     if p2p {
         // The CPU marks around the P2P jobs ask the servers from the guest.
         let servers = jobs::CPU_SERVERS.iter().map(|s| (*s).to_owned()).collect();
@@ -372,15 +422,63 @@ fn rdma_boots(cli: &Cli) -> Result<(Vec<(u32, LabOptions)>, u64)> {
     Ok((boots, len))
 }
 
+/// The SPDK anchor's boot: the build in `dir` checked, QEMU's anchor
+/// topology without its nvme (written into `folder`), nvmf_tgt's
+/// controller attached in its place, a backing file of the same size.
+fn spdk_boot(
+    cli: &Cli,
+    paths: &LabPaths,
+    dir: &Path,
+    qemu_anchor: &str,
+    folder: &Path,
+) -> Result<SpdkBoot> {
+    if cli.caching != Caching::Direct {
+        bail!(
+            "--anchor spdk=DIR needs --caching direct: SPDK's aio bdev opens its file \
+             with O_DIRECT, so only p2plab-nvme's O_DIRECT and QEMU's cache=none compare with it"
+        );
+    }
+    if cli.rdma_only {
+        bail!("--anchor spdk=DIR with --rdma-only: no NVMe boot would run");
+    }
+    let build = spdk::check_build(dir)?;
+    let (topology, bus, disk_size) =
+        anchor::write_spdk_topology(&paths.topology(qemu_anchor)?, folder)?;
+    let spdk_folder = folder.join("spdk");
+    let jobs: Vec<&Job> = selected(&cli.only);
+    let mut options = boot_options(
+        cli,
+        &topology.to_string_lossy(),
+        &guest::nvme_jobs(&jobs, cli.runtime, false),
+    )?;
+    options.qemu_args = vec![
+        "-device".to_owned(),
+        spdk::device_arg(&spdk_folder.join("nvme0/cntrl"), &bus),
+    ];
+    Ok(SpdkBoot {
+        build,
+        folder: spdk_folder,
+        disk: paths.state.join("spdk-nvme0n1.img"),
+        disk_size,
+        options,
+        labels: jobs.iter().map(|j| j.name.to_owned()).collect(),
+    })
+}
+
 /// The settings of the run and the boots of a round, from the command
 /// line: the anchor topology with the run's cache mode (written into
 /// `folder`), each boot's guest script, server arguments and timeout.
 fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Settings, Boots)> {
+    let (qemu_anchor, spdk_dir) = anchor::anchors(&cli.anchor, "anchor-qemu-nvme")?;
     let (anchor_topology, anchor_drive) = anchor::write_topology(
-        &paths.topology(&cli.anchor)?,
+        &paths.topology(&qemu_anchor)?,
         cli.caching.qemu_cache(),
         folder,
     )?;
+    let spdk = match &spdk_dir {
+        Some(dir) => Some(spdk_boot(cli, paths, dir, &qemu_anchor, folder)?),
+        None => None,
+    };
     let nvme_args = vec!["--caching".to_owned(), cli.caching.server_flag().to_owned()];
     let [(ours, ours_labels), (anchor, anchor_labels)] =
         nvme_boots(cli, &nvme_args, &anchor_topology)?;
@@ -402,6 +500,13 @@ fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Set
         nvme_extra_args: nvme_args,
         anchor_topology,
         anchor_drive,
+        spdk: spdk.as_ref().map(|s| settings::SpdkSettings {
+            dir: s.build.dir.clone(),
+            version: s.build.version.clone(),
+            topology: PathBuf::from(&s.options.topology),
+            device: s.options.qemu_args.get(1).cloned().unwrap_or_default(),
+            disk: s.disk.clone(),
+        }),
         copy_topology: cli.copy_topology.clone(),
         copy_len: cli.copy_len.clone(),
         rdma_topology: cli.rdma_topology.clone(),
@@ -414,6 +519,7 @@ fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Set
         ours_labels,
         anchor,
         anchor_labels,
+        spdk,
         copies,
         copy_len,
         rdma,
@@ -430,8 +536,15 @@ fn run_rounds(cli: &Cli, boots: &Boots) -> Result<Sides> {
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: round {round}/{}", cli.rounds);
         if !cli.rdma_only {
-            sides.ours.run_jobs(&boots.ours, &boots.ours_labels)?;
-            sides.anchor.run_jobs(&boots.anchor, &boots.anchor_labels)?;
+            sides
+                .ours
+                .run_jobs(&boots.ours, &boots.ours_labels, &Server::P2plab)?;
+            sides
+                .anchor
+                .run_jobs(&boots.anchor, &boots.anchor_labels, &Server::Qemu)?;
+            if let Some(spdk) = &boots.spdk {
+                spdk.run(&mut sides.spdk)?;
+            }
             if !cli.no_p2p {
                 sides.copies.run_copies(&boots.copies, boots.copy_len)?;
             }
@@ -447,11 +560,16 @@ fn run_rounds(cli: &Cli, boots: &Boots) -> Result<Sides> {
 
 /// The rows of each section, for what ran: none for a section the
 /// command line left out.
-fn sections(cli: &Cli, sides: &Sides) -> [Vec<Row>; 3] {
+fn sections(cli: &Cli, sides: &Sides, spdk: bool) -> [Vec<Row>; 4] {
     let compared = if cli.rdma_only {
         Vec::new()
     } else {
         rows::compared(&selected(&cli.only), &sides.ours, &sides.anchor)
+    };
+    let compared_spdk = if spdk {
+        rows::compared(&selected(&cli.only), &sides.ours, &sides.spdk)
+    } else {
+        Vec::new()
     };
     let p2p = if cli.no_p2p || cli.rdma_only {
         Vec::new()
@@ -463,22 +581,23 @@ fn sections(cli: &Cli, sides: &Sides) -> [Vec<Row>; 3] {
     } else {
         rows::rdma(&sides.rdma, &cli.rdma_mtu)
     };
-    [compared, p2p, rdma]
+    [compared, compared_spdk, p2p, rdma]
 }
 
 /// The comparisons of what ran, written to `results.json` and
 /// `results.svg` in `folder` and printed as a table.
 fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Result<()> {
-    let [compared, p2p, rdma] = sections(cli, sides);
+    let [compared, compared_spdk, p2p, rdma] = sections(cli, sides, settings.spdk.is_some());
 
     let measured = json::Measured {
         ours: &sides.ours,
         anchor: &sides.anchor,
+        spdk: &sides.spdk,
         copies: &sides.copies,
         rdma: &sides.rdma,
     };
     let json_path = folder.join("results.json");
-    let document = json::results(settings, &measured, &compared, &p2p, &rdma);
+    let document = json::results(settings, &measured, &compared, &compared_spdk, &p2p, &rdma);
     let text = serde_json::to_string_pretty(&document).context("encoding results")?;
     std::fs::write(&json_path, text + "\n")
         .with_context(|| format!("writing {}", json_path.display()))?;
@@ -488,8 +607,9 @@ fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Resul
         settings.date_utc, settings.accel, settings.caching, settings.rounds
     );
     let svg_path = folder.join("results.svg");
-    let plotted: [(&str, &[Row]); 3] = [
+    let plotted: [(&str, &[Row]); 4] = [
         ("vs QEMU nvme", &compared),
+        ("vs SPDK nvmf_tgt", &compared_spdk),
         ("P2P vs RAM", &p2p),
         ("RDMA vs RAM", &rdma),
     ];
@@ -499,11 +619,17 @@ fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Resul
     table::print(
         settings,
         &compared,
+        &compared_spdk,
         &p2p,
         &rdma,
         &sides.rdma.nic_paths,
         &rows::peak_rss(&sides.ours, &sides.anchor),
     );
+    let mut cpu_sides = vec![("p2plab-nvme", &sides.ours), ("qemu nvme", &sides.anchor)];
+    if settings.spdk.is_some() {
+        cpu_sides.push(("spdk nvmf_tgt", &sides.spdk));
+    }
+    table::print_host_cpu(&cpu_sides);
     println!(
         "results: {} and {}",
         json_path.display(),

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::fio::{self, Sample};
 use crate::guest_output::{self, after, ServerCost};
+use crate::hostcpu::{self, JobCost, Marks, Meter, Watcher};
 use crate::jobs::{rdma_key, COPY_BUFFERS, RDMA_SOURCES};
 
 /// Everything one side (ours, the anchor, the copies, the RDMA boots)
@@ -28,6 +29,9 @@ pub struct Side {
     pub nic_paths: Vec<Value>,
     /// P2P job label -> server CPU µs per MiB moved, per round
     pub cpu_per_mib: BTreeMap<String, Vec<ServerCost>>,
+    /// compared job -> the NVMe server's CPU per I/O and per MiB, read
+    /// on the host (`hostcpu`), per round
+    pub host_cpu: BTreeMap<String, Vec<JobCost>>,
     /// process -> peak RSS per round, bytes
     pub rss: BTreeMap<String, Vec<u64>>,
     pub run_dirs: Vec<PathBuf>,
@@ -47,6 +51,60 @@ fn boot(options: &LabOptions, what: &str) -> Result<Outcome> {
     Ok(outcome)
 }
 
+/// Which server of a boot the host CPU marks read (see `hostcpu`).
+pub enum Server<'a> {
+    /// p2plab-nvme as device `nvme0` of the topology.
+    P2plab,
+    /// QEMU's own nvme model.
+    Qemu,
+    /// SPDK's nvmf_tgt, started by the bench.
+    Spdk(&'a crate::spdk::Target),
+}
+
+impl Server<'_> {
+    fn meter(&self, lab: &Lab) -> Result<Meter> {
+        let pid = |name: &str| {
+            lab.pids()
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, pid)| pid)
+                .with_context(|| format!("no {name} process in the lab"))
+        };
+        Ok(match self {
+            Server::P2plab => {
+                pid("nvme0")?;
+                Meter::P2plab {
+                    stats: lab.run_dir().join("nvme0.stats.json"),
+                }
+            }
+            Server::Qemu => Meter::Qemu { pid: pid("qemu")? },
+            Server::Spdk(target) => Meter::Spdk {
+                pid: target.pid,
+                rpc: target.rpc.clone(),
+            },
+        })
+    }
+}
+
+/// Like [`boot`], with the host following the console and reading
+/// `server`'s CPU time at each `HOSTMARK` mark.
+fn boot_measured(options: &LabOptions, server: &Server) -> Result<(Outcome, Marks)> {
+    let lab = Lab::start(options)?;
+    let meter = server.meter(&lab)?;
+    let watcher = Watcher::start(&lab.run_dir().join("console.log"), meter);
+    let finished = lab.finish(options);
+    let marks = watcher.finish();
+    let outcome = finished?;
+    if outcome.status != Some(0) {
+        bail!(
+            "{}: guest benchmark failed:\n{}",
+            options.topology,
+            outcome.output
+        );
+    }
+    Ok((outcome, marks?))
+}
+
 impl Side {
     /// Keeps the run folder of a finished boot.
     fn done(&mut self, topology: &str, outcome: Outcome) {
@@ -58,15 +116,26 @@ impl Side {
     }
 
     /// One NVMe boot: a fio sample per label, the servers' CPU cost of the
-    /// jobs with CPU marks, and the processes' peak RSS.
-    pub fn run_jobs(&mut self, options: &LabOptions, labels: &[String]) -> Result<()> {
-        let outcome = boot(options, "benchmark")?;
+    /// jobs with CPU marks (guest-side for the P2P jobs, host-side of
+    /// `server` for the compared ones), and the processes' peak RSS.
+    pub fn run_jobs(
+        &mut self,
+        options: &LabOptions,
+        labels: &[String],
+        server: &Server,
+    ) -> Result<()> {
+        let (outcome, marks) = boot_measured(options, server)?;
         let topology = &options.topology;
         for label in labels {
             let line = after(&outcome.output, &format!("BENCH {label} "))
                 .with_context(|| format!("{topology}: no result for {label}"))?;
             let sample = fio::parse(line).with_context(|| format!("{topology}: {label}"))?;
             self.samples.entry(label.clone()).or_default().push(sample);
+            if outcome.output.contains(&format!("HOSTMARK {label} begin ")) {
+                let cost = hostcpu::job_cost(&outcome.output, &marks, label)
+                    .with_context(|| format!("{topology}: host CPU of {label}"))?;
+                self.host_cpu.entry(label.clone()).or_default().push(cost);
+            }
             if outcome.output.contains(&format!("CPU {label} begin ")) {
                 let cost = guest_output::cpu_us_per_mib(&outcome.output, label)
                     .with_context(|| format!("{topology}: server CPU of {label}"))?;

@@ -24,10 +24,26 @@ pub struct Settings {
     pub anchor_topology: PathBuf,
     /// Its `-drive` line as run.
     pub anchor_drive: String,
+    /// The SPDK anchor, with `--anchor spdk=DIR`.
+    pub spdk: Option<SpdkSettings>,
     pub copy_topology: String,
     pub copy_len: String,
     pub rdma_topology: String,
     pub rdma_len: String,
     pub rdma_post: String,
     pub rdma_mtus: Vec<u32>,
+}
+
+/// The SPDK anchor as run.
+pub struct SpdkSettings {
+    /// The SPDK build folder and its version (include/spdk/version.h).
+    pub dir: PathBuf,
+    pub version: String,
+    /// QEMU's anchor topology without its nvme, as run.
+    pub topology: PathBuf,
+    /// The `-device vfio-user-pci` argument that attaches nvmf_tgt's
+    /// controller.
+    pub device: String,
+    /// The aio bdev's backing file.
+    pub disk: PathBuf,
 }

@@ -491,6 +491,21 @@ impl Lab {
         Ok(lab)
     }
 
+    /// The run folder of this lab (console.log, the servers' stats files).
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// The process id of QEMU (named `qemu`) and of each device server
+    /// (named by its device id), while they run.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.qemu
+            .iter()
+            .chain(self.servers.iter())
+            .filter_map(|p| Some((p.name.clone(), p.pid()?)))
+            .collect()
+    }
+
     /// A wait on the guest whose TCG budget is `tcg`, under this lab's
     /// accelerator (see `accel`: TCG keeps it as written).
     pub fn budget(&self, tcg: Duration) -> Duration {
@@ -578,7 +593,9 @@ impl Lab {
             .arg("-append")
             .arg(&cmdline)
             .arg("-name")
-            .arg(format!("p2plab-{}", topology.name))
+            // Named threads (`CPU 0/TCG`, `worker`...): the bench tells the
+            // vCPUs from the threads that emulate devices by these names.
+            .arg(format!("p2plab-{},debug-threads=on", topology.name))
             .arg("-pidfile")
             .arg(run.join("qemu.pid"))
             .arg("-qmp")
