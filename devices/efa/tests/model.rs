@@ -418,7 +418,7 @@ fn rdma_read_and_write_move_every_byte() {
 #[test]
 fn a_read_whose_data_keeps_arriving_is_not_asked_for_again() {
     let mut pair = Pair::new(SRD);
-    let len: u32 = 1 << 20;
+    let len: u32 = 4 << 20;
     let remote = pair.guest.alloc(u64::from(len), 4096);
     let remote_key = pair
         .b
@@ -427,8 +427,9 @@ fn a_read_whose_data_keeps_arriving_is_not_asked_for_again() {
     let (local, local_key) = pair.a.buffer(u64::from(len), LOCAL_WRITE);
     let source = pattern(3, len as usize);
     pair.guest.write(remote, &source);
-    // Each packet B sends waits 4 ms: the read's 32 segments take about
-    // 130 ms, more than two first timeouts (50 ms).
+    // Each packet B sends waits 4 ms: the read's 128 segments take about
+    // 520 ms, longer than the first three timeouts together (50, 100 and
+    // 200 ms).
     DeviceControl::inject(&pair.b.driver.control(), "delay=4ms").unwrap();
     let b_qp = pair.b.qp.num;
     let a = &mut pair.a;
@@ -452,8 +453,18 @@ fn a_read_whose_data_keeps_arriving_is_not_asked_for_again() {
         "the wire was slow: {}",
         sb.wire_delays
     );
-    assert_eq!(sa.retrans_timeout_events, 0);
-    assert_eq!(sb.read_resp_bytes, u64::from(len), "served once");
+    // The broken timer (measuring the whole read) fires three times, every
+    // time, and the read is served four times over. A working one
+    // fires only if one gap between two segments outlasts 50 ms, which a
+    // scheduler stall on a loaded 2-core CI host can make happen once;
+    // that read is then served a second time, and no more.
+    let timeouts = sa.retrans_timeout_events;
+    assert!(timeouts <= 1, "{timeouts} timeouts while the data flowed");
+    let served = sb.read_resp_bytes;
+    assert!(
+        served >= u64::from(len) && served <= u64::from(len) * (1 + timeouts),
+        "served {served} bytes of a {len}-byte read after {timeouts} timeouts"
+    );
 }
 
 /// Catches: RDMA into memory the target did not allow (no remote read
