@@ -208,12 +208,7 @@ struct Device {
 }
 
 impl Device {
-    fn new(
-        wire: Wire,
-        mtu: u32,
-        memory: Arc<dyn GuestMemory>,
-        irq: Arc<dyn Interrupts>,
-    ) -> Self {
+    fn new(wire: Wire, mtu: u32, memory: Arc<dyn GuestMemory>, irq: Arc<dyn Interrupts>) -> Self {
         Device {
             regs: Mutex::new(Registers::new()),
             wake: Condvar::new(),
@@ -445,9 +440,8 @@ fn tx_descriptor(device: &Device, work: Work) {
     // wait for the wire, whatever the peer does: the wire asks this
     // every 20 ms while a send waits, so TX never stays stuck in a
     // send across a reset.
-    let give_up = || {
-        device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation
-    };
+    let give_up =
+        || device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation;
     let status = match device
         .wire
         .send_impaired(Frame::new(payload), impairment, &give_up)

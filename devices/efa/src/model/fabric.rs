@@ -242,18 +242,11 @@ pub(crate) fn link_reader(device: &Device) {
 /// (the thread); without, it takes only a packet already there and
 /// keeps it `pending` while the queue is full (the engines on the
 /// caller's thread, where the receive engine empties it between steps).
-pub(crate) fn link_step(
-    device: &Device,
-    pending: &mut Option<Vec<u8>>,
-    wait: bool,
-) -> Progress {
+pub(crate) fn link_step(device: &Device, pending: &mut Option<Vec<u8>>, wait: bool) -> Progress {
     let mut packet = match pending.take() {
         Some(packet) => packet,
         None => {
-            let Some(packet) = device
-                .link
-                .recv(if wait { POLL } else { Duration::ZERO })
-            else {
+            let Some(packet) = device.link.recv(if wait { POLL } else { Duration::ZERO }) else {
                 return Progress::Idle;
             };
             if !device.port_up() {

@@ -245,9 +245,7 @@ impl Efa {
         link: Arc<dyn Link>,
         irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
-        let device = Arc::new(Device::new(
-            attrs, options, memory, llq, link, irq, false,
-        )?);
+        let device = Arc::new(Device::new(attrs, options, memory, llq, link, irq, false)?);
         let span = tracing::Span::current();
         let mut threads = Vec::new();
         let engines: [(&str, Engine); 5] = [
@@ -299,9 +297,7 @@ impl Efa {
         link: Arc<dyn Link>,
         irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
-        let device = Arc::new(Device::new(
-            attrs, options, memory, llq, link, irq, true,
-        )?);
+        let device = Arc::new(Device::new(attrs, options, memory, llq, link, irq, true)?);
         let management = admin::Management::new(&device);
         Ok(Self {
             device,

@@ -20,7 +20,11 @@ fn run_engine_runs_queued_jobs_and_returns_when_idle() {
     copy.flags |= CommandFlags::IRQ;
     rig.submit(copy);
     let back = rig.submit(cmd(op::COPY_FROM_VRAM, 4096, DATA_GPA + (1 << 20), 100_000));
-    assert_eq!(rig.read64(Reg::Fence), 0, "no job may run before run_engine");
+    assert_eq!(
+        rig.read64(Reg::Fence),
+        0,
+        "no job may run before run_engine"
+    );
     assert!(rig.gpu.run_engine() >= 2);
     assert_eq!(rig.read64(Reg::Fence), back);
     assert_eq!(rig.peek(DATA_GPA + (1 << 20), data.len()), data);
