@@ -113,9 +113,12 @@ pub(crate) struct Engine {
     device: Arc<Device>,
     /// Bounce buffer for one step of a copy or checksum.
     step_buf: Vec<u8>,
-    /// One step's worth of the current fill pattern (allocated on the
-    /// first non-zero fill).
+    /// The last fill pattern repeated, as many bytes as a fill needed so
+    /// far (at most one step): a fill reuses them when its pattern is the
+    /// same, and writes only what it needs when not.
     pattern_buf: Vec<u8>,
+    /// The pattern `pattern_buf` repeats.
+    pattern: u32,
     /// Generation of the entry being processed.
     generation: u64,
     /// DMA gate epoch of the entry being processed.
@@ -128,6 +131,7 @@ impl Engine {
             device: Arc::clone(&device),
             step_buf: vec![0; STEP_BYTES],
             pattern_buf: Vec::new(),
+            pattern: 0,
             generation: 0,
             epoch: device.gate.epoch(),
         }
