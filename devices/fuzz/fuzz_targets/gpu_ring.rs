@@ -3,17 +3,24 @@
 //! bits) with any value, ring entries with any fields (operands optionally
 //! steered into guest RAM or VRAM so they reach the copy, fill and
 //! checksum paths), guest RAM and VRAM scribbled, Bus Master Enable
-//! toggled, resets, in any order. The engine runs on its own thread.
+//! toggled, resets, in any order. The engine runs on the target's thread
+//! (`Gpu::with_engine_on_caller`): after each step `Gpu::run_engine` runs
+//! the engine's own fetch, execute and retire code (`Engine::step` in
+//! devices/gpu/src/engine/mod.rs, the loop the engine thread runs) until
+//! it has nothing to do, instead of a thread per input and a wait of up
+//! to 5 ms per step for it to go idle (about 10 inputs/s). What only a
+//! thread shows (a reset or ring disable overtaking a job mid-copy) is
+//! left to the GPU's unit tests (tests/model/reset.rs) and the gpu_faults
+//! e2e suite.
 //!
 //! Catches a panic or overflow anywhere in the model or the engine
-//! (libFuzzer aborts on a panic in any thread; overflow checks are on), an
-//! engine that never goes idle (libFuzzer's -timeout), a job that counts
+//! (overflow checks are on), an engine that never goes idle
+//! (`run_engine` not returning: libFuzzer's -timeout), a job that counts
 //! as both completed and failed or neither, and a fence that goes
 //! backwards between resets.
 #![no_main]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use p2plab_dma::testing::FakeGuestMemory;
@@ -31,9 +38,6 @@ const ENTRIES: u32 = 16;
 /// an input costs little memory.
 const VRAM_WINDOW: u64 = 1 << 20;
 const MAX_STEERED_LEN: u64 = 64 << 10;
-/// How long a ring kick may keep the engine busy before the target moves
-/// on (a disabled ring or cleared BME leaves work pending).
-const WAIT: Duration = Duration::from_millis(5);
 
 struct Guest {
     gpu: Gpu,
@@ -65,13 +69,13 @@ impl Guest {
         self.tail = 0;
     }
 
+    /// Runs the engine until it has nothing to do; it then holds no job.
     fn wait_idle(&self) {
-        let deadline = Instant::now() + WAIT;
-        while Status::from_raw(self.read32(Reg::Status)).contains(Status::BUSY)
-            && Instant::now() < deadline
-        {
-            std::thread::yield_now();
-        }
+        self.gpu.run_engine();
+        assert!(
+            !Status::from_raw(self.read32(Reg::Status)).contains(Status::BUSY),
+            "the engine went idle holding a job"
+        );
     }
 
     /// Invariants that hold whenever the engine is idle.
@@ -99,9 +103,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE as usize));
     let irq = RecordingInterrupts::new();
-    let Ok(gpu) = Gpu::new(vram, ram.clone() as Arc<dyn GuestMemory>, irq) else {
-        return;
-    };
+    let gpu = Gpu::with_engine_on_caller(vram, ram.clone() as Arc<dyn GuestMemory>, irq);
     gpu.set_bus_master(true);
     let mut guest = Guest { gpu, ram, tail: 0 };
     guest.enable_ring();
@@ -158,6 +160,7 @@ fuzz_target!(|data: &[u8]| {
                     let mut buf = [0u8; 8];
                     guest.gpu.regs_read(offset, &mut buf[..len]);
                 }
+                guest.wait_idle();
             }
             // Scribble guest RAM (the ring itself included).
             3 => {
@@ -183,10 +186,12 @@ fuzz_target!(|data: &[u8]| {
                 // No DMA can stay in flight against FakeGuestMemory.
                 let _ = guest.gpu.reset();
                 guest.enable_ring();
+                guest.wait_idle();
                 continue;
             }
             _ => {
                 guest.enable_ring();
+                guest.wait_idle();
             }
         }
         guest.check(jobs_before);

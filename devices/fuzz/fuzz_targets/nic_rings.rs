@@ -3,12 +3,20 @@
 //! interrupt bits) with any value, descriptors with any fields (buffers
 //! optionally steered into guest RAM so frames really move), wire faults
 //! armed, Bus Master Enable toggled, resets, in any order. Both engines
-//! run on their own threads.
+//! run on the target's thread (`Nic::with_engines_on_caller`): after each
+//! step `Nic::run_engines` runs the engines' own descriptor, DMA, wire and
+//! completion code (`tx_descriptor`, `RxEngine::step` in
+//! devices/nic/src/model.rs, the same the engine threads loop over) until
+//! neither has work, instead of two threads per input and a sleep per
+//! step (about 40 inputs/s). The wire's send timeout is zero: a send into
+//! a full loopback queue fails at once (LinkDown), as it does after 10 s
+//! on the threaded NIC. What only threads show (a reset racing an engine
+//! mid-descriptor) is left to the NIC's unit tests (tests/reset_quiesce.rs,
+//! tests/wire_wedge.rs) and the rdma e2e suite.
 //!
 //! Catches a panic or overflow anywhere in the model, the descriptor
-//! parser or the wire (libFuzzer aborts on a panic in any thread;
-//! overflow checks are on), an engine that never lets go (the target
-//! drops the NIC, which joins both threads; libFuzzer's -timeout), and a
+//! parser or the wire (overflow checks are on), an engine that never
+//! lets go (`run_engines` not returning: libFuzzer's -timeout), and a
 //! device that counts more frames received than were sent on its wire.
 #![no_main]
 
@@ -21,7 +29,7 @@ use p2plab_dma::GuestMemory;
 use p2plab_kit::Interrupts;
 use p2plab_nic::descriptor::encode;
 use p2plab_nic::regs::*;
-use p2plab_nic::{Nic, Wire};
+use p2plab_nic::{Nic, Wire, WireOptions};
 
 const RAM: u64 = 0x1_0000_0000;
 const RAM_SIZE: u64 = 256 << 10;
@@ -75,9 +83,11 @@ const REGS: &[u64] = &[
 
 fuzz_target!(|data: &[u8]| {
     let ram = Arc::new(FakeGuestMemory::new().with_region(RAM, RAM_SIZE as usize));
-    let Ok(nic) = Nic::new(Wire::loopback(), MIN_MTU * 16, ram.clone(), Arc::new(NoIrq)) else {
-        return;
-    };
+    let wire = Wire::loopback_with(WireOptions {
+        send_timeout: Duration::ZERO,
+        ..WireOptions::default()
+    });
+    let nic = Nic::with_engines_on_caller(wire, MIN_MTU * 16, ram.clone(), Arc::new(NoIrq));
     nic.set_bus_master(true);
     let mut input = Bytes(data);
     let mut steps = 0;
@@ -152,7 +162,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        std::thread::sleep(Duration::from_micros(200));
+        nic.run_engines();
     }
     let stats = nic.control().stats();
     assert!(

@@ -6,7 +6,7 @@
 //! guest memory.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use p2plab_dma::GuestMemory;
@@ -14,7 +14,7 @@ use p2plab_kit::regs::{accepted_write_dwords, read_bytes, register_values};
 use p2plab_kit::{arm_spec, counters_with, Armed, DeviceControl, Interrupts, QuiesceTimeout};
 
 use crate::device::Device;
-use crate::engine::Engine;
+use crate::engine::{Engine, Step};
 use crate::fault::{ArmedReport, GpuFaultSpec, GpuFaults};
 use crate::register_file::{AfterWrite, RegisterFile};
 use crate::regs::{Reg, REGS_BAR_SIZE};
@@ -105,6 +105,9 @@ impl DeviceControl for GpuControl {
 pub struct Gpu {
     device: Arc<Device>,
     engine: Option<JoinHandle<()>>,
+    /// The engine when it runs on the caller's thread
+    /// ([`Gpu::with_engine_on_caller`]); `None` with an engine thread.
+    caller_engine: Option<Mutex<Engine>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -137,7 +140,45 @@ impl Gpu {
         Ok(Self {
             device,
             engine: Some(engine),
+            caller_engine: None,
         })
+    }
+
+    /// Builds the device with no engine thread: the engine runs on the
+    /// caller's thread, one [`Gpu::run_engine`] at a time, through the
+    /// same fetch, execute and retire code the thread runs. For a fuzz
+    /// target that cannot afford a thread per input. An injected hang
+    /// holds the job until a reset or ring disable that only another
+    /// thread could do: do not arm one on such a device.
+    pub fn with_engine_on_caller(
+        vram: Vram,
+        memory: Arc<dyn GuestMemory>,
+        irq: Arc<dyn Interrupts>,
+    ) -> Self {
+        let device = Arc::new(Device::new(vram, memory, irq));
+        let engine = Engine::new(Arc::clone(&device));
+        Self {
+            device,
+            engine: None,
+            caller_engine: Some(Mutex::new(engine)),
+        }
+    }
+
+    /// Runs the engine on this thread until it has nothing to do (no
+    /// interrupt to send, no ring entry it may run); returns how many
+    /// steps it took. Does nothing (and returns 0) on a device with an
+    /// engine thread. A ring the engine goes round without end would not
+    /// return: that is the hang a caller's timeout should catch.
+    pub fn run_engine(&self) -> u64 {
+        let Some(engine) = &self.caller_engine else {
+            return 0;
+        };
+        let mut engine = engine.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut steps = 0;
+        while engine.step(false) == Step::Worked {
+            steps += 1;
+        }
+        steps
     }
 
     /// VRAM (BAR2).

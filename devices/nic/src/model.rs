@@ -72,14 +72,38 @@ impl Ring {
     }
 }
 
-/// What the RX engine does next.
-enum RxWait {
-    /// Fill the descriptor of this work.
+/// What an engine does next.
+enum Next {
+    /// Work on the descriptor of this work.
     Work(Work),
-    /// RX is disabled: take frames off the wire and drop them.
+    /// RX is disabled: take frames off the wire and drop them (RX only).
     Drain,
+    /// Nothing to do now (only when the engine does not wait).
+    Idle,
     /// The device is shutting down.
     Stop,
+}
+
+/// Whether an engine waits for work or returns when there is none: its
+/// own thread waits; an engine run on the caller's thread
+/// ([`Nic::with_engines_on_caller`]) returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Wait on the registers' condition variable, and up to
+    /// [`RX_POLL`] for a frame.
+    Block,
+    /// Return [`Next::Idle`] instead of waiting; take only frames that
+    /// are already there.
+    NoWait,
+}
+
+impl Wait {
+    fn poll(self) -> Duration {
+        match self {
+            Wait::Block => RX_POLL,
+            Wait::NoWait => Duration::ZERO,
+        }
+    }
 }
 
 /// Which ring.
@@ -184,6 +208,21 @@ struct Device {
 }
 
 impl Device {
+    fn new(wire: Wire, mtu: u32, memory: Arc<dyn GuestMemory>, irq: Arc<dyn Interrupts>) -> Self {
+        Device {
+            regs: Mutex::new(Registers::new()),
+            wake: Condvar::new(),
+            gate: DmaGate::new(memory),
+            irq,
+            wire,
+            mtu: mtu.clamp(MIN_MTU, MAX_MTU),
+            stats: Stats::default(),
+            faults: Shared::default(),
+            trace: p2plab_trace::Tracer::new(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Registers> {
         // Plain data: a panic elsewhere leaves it usable.
         self.regs.lock().unwrap_or_else(PoisonError::into_inner)
@@ -279,27 +318,36 @@ impl Device {
         self.wake.notify_all();
     }
 
-    /// Waits until `dir` has a descriptor to work on, or `None` at
-    /// shutdown.
-    fn next_descriptor(&self, dir: Dir) -> Option<Work> {
+    /// What `dir`'s engine does next: work on a descriptor, drain the
+    /// wire (RX disabled), stop at shutdown, or (when it does not wait)
+    /// nothing for now.
+    fn next(&self, dir: Dir, wait: Wait) -> Next {
         let mut regs = self.lock();
         // Whatever the engine held is done with (or abandoned).
         regs.ring(dir).busy = false;
         loop {
             if regs.shutdown {
-                return None;
+                return Next::Stop;
             }
             let bus_master = regs.bus_master;
             let ring = regs.ring(dir);
             if ring.runnable(bus_master) {
                 ring.busy = true;
-                return Some(Work {
+                return Next::Work(Work {
                     dir,
                     generation: ring.generation,
                     epoch: self.gate.epoch(),
                     slot: ring.slot(),
                 });
             }
+            if dir == Dir::Rx && !ring.enabled {
+                return Next::Drain;
+            }
+            if wait == Wait::NoWait {
+                return Next::Idle;
+            }
+            // Enabled with no descriptor (or no bus master): wait, and
+            // hold the wire on RX.
             regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
         }
     }
@@ -328,34 +376,6 @@ impl Device {
         })
     }
 
-    /// What the RX engine does next: fill the descriptor at a slot, drop
-    /// incoming frames (RX disabled), or stop.
-    fn rx_next(&self) -> RxWait {
-        let mut regs = self.lock();
-        regs.rx.busy = false;
-        loop {
-            if regs.shutdown {
-                return RxWait::Stop;
-            }
-            let bus_master = regs.bus_master;
-            let ring = &mut regs.rx;
-            if ring.runnable(bus_master) {
-                ring.busy = true;
-                return RxWait::Work(Work {
-                    dir: Dir::Rx,
-                    generation: ring.generation,
-                    epoch: self.gate.epoch(),
-                    slot: ring.slot(),
-                });
-            }
-            if !ring.enabled {
-                return RxWait::Drain;
-            }
-            // Enabled with no buffer (or no bus master): hold the wire.
-            regs = self.wake.wait(regs).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
     fn count_peer(&self, counter: &std::sync::atomic::AtomicU64, addr: u64, len: u64) {
         // A peer's BAR, whichever path reaches it (messages through the
         // client, or the zero-copy peer window).
@@ -368,130 +388,179 @@ impl Device {
     }
 }
 
+/// The TX engine's thread: one descriptor after the other until the
+/// device shuts down.
 fn tx_engine(device: &Device) {
-    while let Some(work) = device.next_descriptor(Dir::Tx) {
-        let desc = match device.fetch(work) {
-            Ok(desc) => desc,
-            Err(None) => continue,
-            Err(Some((irq, status))) => {
-                device.complete(work, irq, status, 0, false);
-                continue;
-            }
-        };
-        let mut payload = vec![0u8; desc.len as usize];
-        if let Err(e) = device.gate.bound(work.epoch).read(desc.addr, &mut payload) {
-            if device.dma_failed("TX buffer read", &e) {
-                device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
-            }
-            continue;
-        }
-        // The buffer is read: from here on the engine touches no guest
-        // buffer for this descriptor (a driver quiescing may go on).
-        device.lock().tx.busy = false;
-        device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
-        let decision = device
-            .faults
-            .when_armed(NicFaults::decide)
-            .unwrap_or_default();
-        // The wire does what the armed specs decided; the NIC's own
-        // counters say what was asked of it.
-        if decision.delay.is_some() {
-            Stats::add(&device.stats.wire_delays, 1);
-        }
-        if decision.corrupt {
-            Stats::add(&device.stats.wire_corrupts, 1);
-        }
-        let impairment = Impairment {
-            drop: decision.drop,
-            delay: decision.delay,
-            corrupt: decision.corrupt,
-            reorder: 0,
-        };
-        // A reset or ring disable (a new generation) or shutdown ends the
-        // wait for the wire, whatever the peer does: the wire asks this
-        // every 20 ms while a send waits, so TX never stays stuck in a
-        // send across a reset.
-        let give_up = || {
-            device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation
-        };
-        let status = match device
-            .wire
-            .send_impaired(Frame::new(payload), impairment, &give_up)
-        {
-            Ok(Sent::Dropped) => {
-                Stats::add(&device.stats.wire_drops, 1);
-                Status::Ok
-            }
-            Ok(Sent::Delivered | Sent::Held) => Status::Ok,
-            // A peer that read nothing for the send timeout is cut off:
-            // nothing was sent.
-            Err(SendError::LinkDown | SendError::TimedOut) => Status::LinkDown,
-            Err(SendError::TooLong) => Status::TooLong,
-            Err(SendError::Stopped) => continue,
-        };
-        if status == Status::Ok {
-            Stats::add(&device.stats.tx_packets, 1);
-            Stats::add(&device.stats.tx_bytes, desc.len.into());
-        }
-        let done = if status == Status::Ok { desc.len } else { 0 };
-        device.complete(
-            work,
-            desc.wants_irq(),
-            status,
-            done,
-            decision.drop_interrupt,
-        );
+    while let Next::Work(work) = device.next(Dir::Tx, Wait::Block) {
+        tx_descriptor(device, work);
     }
 }
 
+/// Sends the frame of one TX descriptor and completes it (both engines'
+/// modes run this).
+fn tx_descriptor(device: &Device, work: Work) {
+    let desc = match device.fetch(work) {
+        Ok(desc) => desc,
+        Err(None) => return,
+        Err(Some((irq, status))) => {
+            device.complete(work, irq, status, 0, false);
+            return;
+        }
+    };
+    let mut payload = vec![0u8; desc.len as usize];
+    if let Err(e) = device.gate.bound(work.epoch).read(desc.addr, &mut payload) {
+        if device.dma_failed("TX buffer read", &e) {
+            device.complete(work, desc.wants_irq(), Status::DmaError, 0, false);
+        }
+        return;
+    }
+    // The buffer is read: from here on the engine touches no guest
+    // buffer for this descriptor (a driver quiescing may go on).
+    device.lock().tx.busy = false;
+    device.count_peer(&device.stats.tx_peer_bar_bytes, desc.addr, desc.len.into());
+    let decision = device
+        .faults
+        .when_armed(NicFaults::decide)
+        .unwrap_or_default();
+    // The wire does what the armed specs decided; the NIC's own
+    // counters say what was asked of it.
+    if decision.delay.is_some() {
+        Stats::add(&device.stats.wire_delays, 1);
+    }
+    if decision.corrupt {
+        Stats::add(&device.stats.wire_corrupts, 1);
+    }
+    let impairment = Impairment {
+        drop: decision.drop,
+        delay: decision.delay,
+        corrupt: decision.corrupt,
+        reorder: 0,
+    };
+    // A reset or ring disable (a new generation) or shutdown ends the
+    // wait for the wire, whatever the peer does: the wire asks this
+    // every 20 ms while a send waits, so TX never stays stuck in a
+    // send across a reset.
+    let give_up =
+        || device.stopping.load(Ordering::SeqCst) || device.generation(Dir::Tx) != work.generation;
+    let status = match device
+        .wire
+        .send_impaired(Frame::new(payload), impairment, &give_up)
+    {
+        Ok(Sent::Dropped) => {
+            Stats::add(&device.stats.wire_drops, 1);
+            Status::Ok
+        }
+        Ok(Sent::Delivered | Sent::Held) => Status::Ok,
+        // A peer that read nothing for the send timeout is cut off:
+        // nothing was sent.
+        Err(SendError::LinkDown | SendError::TimedOut) => Status::LinkDown,
+        Err(SendError::TooLong) => Status::TooLong,
+        Err(SendError::Stopped) => return,
+    };
+    if status == Status::Ok {
+        Stats::add(&device.stats.tx_packets, 1);
+        Stats::add(&device.stats.tx_bytes, desc.len.into());
+    }
+    let done = if status == Status::Ok { desc.len } else { 0 };
+    device.complete(
+        work,
+        desc.wants_irq(),
+        status,
+        done,
+        decision.drop_interrupt,
+    );
+}
+
+/// The RX engine's thread: steps until the device shuts down.
 fn rx_engine(device: &Device) {
-    // A frame taken off the wire and not yet in a buffer: it waits for
-    // the next descriptor of the same ring generation (a bad descriptor
-    // consumes none); a reset or RX disable discards it.
-    let mut pending: Option<(u64, Frame)> = None;
-    loop {
-        let work = match device.rx_next() {
-            RxWait::Stop => return,
-            RxWait::Drain => {
+    let mut rx = RxEngine::default();
+    while rx.step(device, Wait::Block) != Progress::Stop {}
+}
+
+/// What one engine step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// Moved a frame or a descriptor (or dropped one).
+    Worked,
+    /// Nothing to do now.
+    Idle,
+    /// The device is shutting down.
+    Stop,
+}
+
+/// The RX engine's state between steps.
+#[derive(Default)]
+struct RxEngine {
+    /// A frame taken off the wire and not yet in a buffer: it waits for
+    /// the next descriptor of the same ring generation (a bad descriptor
+    /// consumes none); a reset or RX disable discards it.
+    pending: Option<(u64, Frame)>,
+}
+
+impl RxEngine {
+    /// One step: drains a frame while RX is off, or takes a frame (or
+    /// keeps the pending one) into the next descriptor.
+    fn step(&mut self, device: &Device, wait: Wait) -> Progress {
+        let work = match device.next(Dir::Rx, wait) {
+            Next::Stop => return Progress::Stop,
+            Next::Idle => return Progress::Idle,
+            Next::Drain => {
                 // RX is off: frames arriving now are dropped, as a NIC
                 // with its receiver disabled does.
-                if pending.take().is_some() {
+                let mut worked = false;
+                if self.pending.take().is_some() {
                     Stats::add(&device.stats.rx_discarded, 1);
+                    worked = true;
                 }
-                if let Some(frame) = device.wire.recv_timeout(RX_POLL) {
+                if let Some(frame) = device.wire.recv_timeout(wait.poll()) {
+                    worked = true;
                     // RX may have been enabled while this waited: then the
                     // frame is the new ring's.
                     let regs = device.lock();
                     if regs.rx.enabled {
-                        pending = Some((regs.rx.generation, frame));
+                        self.pending = Some((regs.rx.generation, frame));
                     } else {
                         Stats::add(&device.stats.rx_discarded, 1);
                     }
                 }
-                continue;
+                return if worked {
+                    Progress::Worked
+                } else {
+                    Progress::Idle
+                };
             }
-            RxWait::Work(work) => work,
+            Next::Work(work) => work,
         };
-        if pending.as_ref().is_some_and(|(g, _)| *g != work.generation) {
-            pending = None;
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|(g, _)| *g != work.generation)
+        {
+            self.pending = None;
             Stats::add(&device.stats.rx_discarded, 1);
         }
-        if pending.is_none() {
-            match device.wire.recv_timeout(RX_POLL) {
-                Some(frame) => pending = Some((work.generation, frame)),
-                None => continue,
+        if self.pending.is_none() {
+            match device.wire.recv_timeout(wait.poll()) {
+                Some(frame) => self.pending = Some((work.generation, frame)),
+                None => return Progress::Idle,
             }
         }
+        self.fill(device, work);
+        Progress::Worked
+    }
+
+    /// Puts the pending frame into `work`'s descriptor and completes it.
+    fn fill(&mut self, device: &Device, work: Work) {
         let desc = match device.fetch(work) {
             Ok(desc) => desc,
-            Err(None) => continue,
+            Err(None) => return,
             Err(Some((irq, status))) => {
                 device.complete(work, irq, status, 0, false);
-                continue;
+                return;
             }
         };
-        let Some((_, frame)) = pending.take() else {
-            continue;
+        let Some((_, frame)) = self.pending.take() else {
+            return;
         };
         let len = frame.payload.len().min(desc.len as usize);
         let memory = device.gate.bound(work.epoch);
@@ -501,7 +570,7 @@ fn rx_engine(device: &Device) {
             } else {
                 Stats::add(&device.stats.rx_discarded, 1);
             }
-            continue;
+            return;
         }
         device.count_peer(&device.stats.rx_peer_bar_bytes, desc.addr, len as u64);
         let status = if len < frame.payload.len() {
@@ -606,6 +675,9 @@ impl DeviceControl for NicControl {
 pub struct Nic {
     device: Arc<Device>,
     engines: Vec<JoinHandle<()>>,
+    /// The RX engine's state when the engines run on the caller's thread
+    /// ([`Nic::with_engines_on_caller`]); `None` with engine threads.
+    caller_rx: Option<Mutex<RxEngine>>,
 }
 
 impl std::fmt::Debug for Nic {
@@ -625,18 +697,7 @@ impl Nic {
         memory: Arc<dyn GuestMemory>,
         irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
-        let device = Arc::new(Device {
-            regs: Mutex::new(Registers::new()),
-            wake: Condvar::new(),
-            gate: DmaGate::new(memory),
-            irq,
-            wire,
-            mtu: mtu.clamp(MIN_MTU, MAX_MTU),
-            stats: Stats::default(),
-            faults: Shared::default(),
-            trace: p2plab_trace::Tracer::new(),
-            stopping: AtomicBool::new(false),
-        });
+        let device = Arc::new(Device::new(wire, mtu, memory, irq));
         let span = tracing::Span::current();
         let mut engines = Vec::new();
         for (name, engine) in [("nic-tx", tx_engine as fn(&Device)), ("nic-rx", rx_engine)] {
@@ -651,7 +712,62 @@ impl Nic {
                     })?,
             );
         }
-        Ok(Self { device, engines })
+        Ok(Self {
+            device,
+            engines,
+            caller_rx: None,
+        })
+    }
+
+    /// Builds the NIC with no engine threads: its TX and RX engines run
+    /// on the caller's thread, one [`Nic::run_engines`] at a time, through
+    /// the same descriptor, DMA, wire and completion code their threads
+    /// run. For a fuzz target that cannot afford two threads per input;
+    /// the engines then never wait: a wire whose receiver is full makes a
+    /// send wait up to the wire's send timeout (give the wire a short one).
+    pub fn with_engines_on_caller(
+        wire: Wire,
+        mtu: u32,
+        memory: Arc<dyn GuestMemory>,
+        irq: Arc<dyn Interrupts>,
+    ) -> Self {
+        Self {
+            device: Arc::new(Device::new(wire, mtu, memory, irq)),
+            engines: Vec::new(),
+            caller_rx: Some(Mutex::new(RxEngine::default())),
+        }
+    }
+
+    /// Runs both engines on this thread until neither has anything to do
+    /// (no descriptor it may work on, no frame on the wire for it);
+    /// returns how many steps they took. Does nothing (and returns 0) on
+    /// a NIC whose engines have their own threads. A descriptor ring the
+    /// engines go round without end would not return: that is the hang a
+    /// caller's timeout should catch.
+    pub fn run_engines(&self) -> u64 {
+        let Some(rx) = &self.caller_rx else {
+            return 0;
+        };
+        let mut rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
+        let device = &self.device;
+        let mut steps = 0;
+        loop {
+            // RX first: a frame it takes makes room on a loopback wire
+            // for the next TX send.
+            let rx_progress = rx.step(device, Wait::NoWait);
+            let tx_progress = match device.next(Dir::Tx, Wait::NoWait) {
+                Next::Work(work) => {
+                    tx_descriptor(device, work);
+                    Progress::Worked
+                }
+                Next::Stop => Progress::Stop,
+                Next::Idle | Next::Drain => Progress::Idle,
+            };
+            if rx_progress != Progress::Worked && tx_progress != Progress::Worked {
+                return steps;
+            }
+            steps += 1;
+        }
     }
 
     /// A handle for the control socket.

@@ -20,7 +20,7 @@ use super::send::{cq_db_offset, sq_db_offset};
 use super::state::{
     lock, AenqEvent, Cq, CqShared, Eq, EqShared, MgmtJob, Mr, Qp, ResetPhase, Ring, State,
 };
-use super::Device;
+use super::{Device, Progress};
 use crate::admin::{
     acq_entry, aenq_entry, modify_mask, mr_access, AdminCommand, AdminEntry, CreateCq, CreateEq,
     CreateQp, ModifyQp, RegMr, Response, ACQ_ENTRY_SIZE, ACQ_FLAGS_AT, AENQ_ENTRY_SIZE,
@@ -52,11 +52,30 @@ enum Step {
 
 /// The management thread.
 pub(crate) fn management_thread(device: &Device) {
-    let mut next_keep_alive = device
-        .options
-        .keep_alive
-        .map(|every| Instant::now() + every);
-    loop {
+    let mut management = Management::new(device);
+    while management.step(device, true) != Progress::Stop {}
+}
+
+/// The management engine's state between steps.
+pub(crate) struct Management {
+    next_keep_alive: Option<Instant>,
+}
+
+impl Management {
+    pub(crate) fn new(device: &Device) -> Self {
+        Self {
+            next_keep_alive: device
+                .options
+                .keep_alive
+                .map(|every| Instant::now() + every),
+        }
+    }
+
+    /// One step: a reset to finish, a job, an admin command, an AENQ
+    /// event or a keep-alive. With `wait` it waits for one (the thread);
+    /// without, it returns [`Progress::Idle`] instead (the engines on the
+    /// caller's thread).
+    pub(crate) fn step(&mut self, device: &Device, wait: bool) -> Progress {
         let step = {
             let mut state = device.lock();
             loop {
@@ -79,13 +98,18 @@ pub(crate) fn management_thread(device: &Device) {
                     }
                 }
                 let now = Instant::now();
-                if let (Some(due), Some(every)) = (next_keep_alive, device.options.keep_alive) {
+                if let (Some(due), Some(every)) = (self.next_keep_alive, device.options.keep_alive)
+                {
                     if now >= due {
-                        next_keep_alive = Some(now + every);
+                        self.next_keep_alive = Some(now + every);
                         break Step::KeepAlive;
                     }
                 }
-                let wait = next_keep_alive
+                if !wait {
+                    return Progress::Idle;
+                }
+                let wait = self
+                    .next_keep_alive
                     .map_or(IDLE, |due| due.saturating_duration_since(now).min(IDLE));
                 state = device
                     .mgmt_wake
@@ -95,7 +119,7 @@ pub(crate) fn management_thread(device: &Device) {
             }
         };
         match step {
-            Step::Stop => return,
+            Step::Stop => return Progress::Stop,
             Step::Drain => finish_reset(device),
             Step::Job(job) => run_job(device, job),
             Step::Command { at, index, epoch } => run_command(device, at, index, epoch),
@@ -119,6 +143,7 @@ pub(crate) fn management_thread(device: &Device) {
                 }
             }
         }
+        Progress::Worked
     }
 }
 

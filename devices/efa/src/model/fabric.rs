@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::state::lock;
-use super::Device;
+use super::{Device, Progress};
 use crate::stats::Stats;
 
 /// Packets waiting for the pump.
@@ -73,7 +73,7 @@ impl Outbound {
     /// The next packet, waiting at most `timeout`.
     fn pop(&self, timeout: Duration) -> Option<Vec<u8>> {
         let mut queue = lock(&self.queue);
-        if queue.is_empty() {
+        if queue.is_empty() && !timeout.is_zero() {
             queue = match self.changed.wait_timeout(queue, timeout) {
                 Ok((q, _)) => q,
                 Err(poisoned) => poisoned.into_inner().0,
@@ -125,7 +125,9 @@ impl Device {
                 }
             };
         }
-        let queued = if wait {
+        // On the caller's thread nobody else empties the queue: a send
+        // does not wait for room there.
+        let queued = if wait && !self.engines_on_caller {
             self.outbound.push_wait(packet, &|| self.running())
         } else {
             self.outbound.try_push(packet)
@@ -141,54 +143,69 @@ impl Device {
 pub(crate) fn pump(device: &Device) {
     let mut held: Option<Vec<u8>> = None;
     while device.running() {
-        let timeout = if held.is_some() { REORDER_HOLD } else { POLL };
-        let Some(mut packet) = device.outbound.pop(timeout) else {
-            if let Some(late) = held.take() {
-                put_on_link(device, late);
-            }
-            continue;
-        };
-        let decision = {
-            let mut faults = device.faults();
-            if faults.is_idle() {
-                Default::default()
-            } else {
-                faults.wire()
-            }
-        };
-        if decision.drop {
-            Stats::add(&device.stats.wire_drops, 1);
-            device.trace.record(
-                "wire",
-                || serde_json::json!({"name": "packet dropped", "injected": true}),
-            );
-            continue;
-        }
-        if let Some(delay) = decision.delay {
-            Stats::add(&device.stats.wire_delays, 1);
-            std::thread::sleep(delay);
-        }
-        if decision.corrupt {
-            let middle = packet.len() / 2;
-            if let Some(byte) = packet.get_mut(middle) {
-                *byte ^= 0x5a;
-            }
-            Stats::add(&device.stats.wire_corrupts, 1);
-            device.trace.record(
-                "wire",
-                || serde_json::json!({"name": "packet corrupted", "injected": true}),
-            );
-        }
-        if decision.reorder && held.is_none() {
-            Stats::add(&device.stats.wire_reorders, 1);
-            held = Some(packet);
-            continue;
-        }
-        put_on_link(device, packet);
+        pump_step(device, &mut held, true);
+    }
+}
+
+/// One step of the pump: the next outgoing packet through the armed wire
+/// faults onto the link (a reordered one `held` until the next goes, or
+/// until the queue stays empty). With `wait` it waits for a packet (the
+/// thread: up to 20 ms); without, it takes only one already there (the
+/// engines on the caller's thread).
+pub(crate) fn pump_step(device: &Device, held: &mut Option<Vec<u8>>, wait: bool) -> Progress {
+    let timeout = match (wait, held.is_some()) {
+        (false, _) => Duration::ZERO,
+        (true, true) => REORDER_HOLD,
+        (true, false) => POLL,
+    };
+    let Some(mut packet) = device.outbound.pop(timeout) else {
         if let Some(late) = held.take() {
             put_on_link(device, late);
+            return Progress::Worked;
         }
+        return Progress::Idle;
+    };
+    let decision = {
+        let mut faults = device.faults();
+        if faults.is_idle() {
+            Default::default()
+        } else {
+            faults.wire()
+        }
+    };
+    if decision.drop {
+        Stats::add(&device.stats.wire_drops, 1);
+        device.trace.record(
+            "wire",
+            || serde_json::json!({"name": "packet dropped", "injected": true}),
+        );
+        return Progress::Worked;
     }
+    if let Some(delay) = decision.delay {
+        Stats::add(&device.stats.wire_delays, 1);
+        std::thread::sleep(delay);
+    }
+    if decision.corrupt {
+        let middle = packet.len() / 2;
+        if let Some(byte) = packet.get_mut(middle) {
+            *byte ^= 0x5a;
+        }
+        Stats::add(&device.stats.wire_corrupts, 1);
+        device.trace.record(
+            "wire",
+            || serde_json::json!({"name": "packet corrupted", "injected": true}),
+        );
+    }
+    if decision.reorder && held.is_none() {
+        Stats::add(&device.stats.wire_reorders, 1);
+        *held = Some(packet);
+        return Progress::Worked;
+    }
+    put_on_link(device, packet);
+    if let Some(late) = held.take() {
+        put_on_link(device, late);
+    }
+    Progress::Worked
 }
 
 fn put_on_link(device: &Device, packet: Vec<u8>) {
@@ -211,24 +228,46 @@ fn put_on_link(device: &Device, packet: Vec<u8>) {
 
 /// Brings packets from the link to the receive engine.
 pub(crate) fn link_reader(device: &Device) {
+    let mut pending = None;
     while device.running() {
-        let Some(packet) = device.link.recv(POLL) else {
-            continue;
-        };
-        if !device.port_up() {
-            Stats::add(&device.stats.rx_drops, 1);
-            continue;
+        if link_step(device, &mut pending, true) == Progress::Stop {
+            return;
         }
-        let mut packet = packet;
-        loop {
-            match device.inbound_tx.try_send(packet) {
-                Ok(()) => break,
-                Err(TrySendError::Full(back)) if device.running() => {
-                    packet = back;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(_) => return,
+    }
+}
+
+/// One step of the link reader: the next packet from the link (or the
+/// one `pending` from the last step) to the receive engine. With `wait`
+/// it waits up to 20 ms for a packet and for room in the inbound queue
+/// (the thread); without, it takes only a packet already there and
+/// keeps it `pending` while the queue is full (the engines on the
+/// caller's thread, where the receive engine empties it between steps).
+pub(crate) fn link_step(device: &Device, pending: &mut Option<Vec<u8>>, wait: bool) -> Progress {
+    let mut packet = match pending.take() {
+        Some(packet) => packet,
+        None => {
+            let Some(packet) = device.link.recv(if wait { POLL } else { Duration::ZERO }) else {
+                return Progress::Idle;
+            };
+            if !device.port_up() {
+                Stats::add(&device.stats.rx_drops, 1);
+                return Progress::Worked;
             }
+            packet
+        }
+    };
+    loop {
+        match device.inbound_tx.try_send(packet) {
+            Ok(()) => return Progress::Worked,
+            Err(TrySendError::Full(back)) if !wait => {
+                *pending = Some(back);
+                return Progress::Idle;
+            }
+            Err(TrySendError::Full(back)) if device.running() => {
+                packet = back;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(_) => return Progress::Stop,
         }
     }
 }

@@ -106,6 +106,31 @@ pub(crate) struct Device {
     pub stopping: AtomicBool,
     pub next_msg_id: AtomicU64,
     pub options: EfaOptions,
+    /// The engines run on the caller's thread ([`Efa::run_engines`]),
+    /// not on threads of their own.
+    pub engines_on_caller: bool,
+}
+
+/// What one engine step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Handled something (a command, a WQE, a packet, a timer...).
+    Worked,
+    /// Nothing to do now.
+    Idle,
+    /// The device is shutting down.
+    Stop,
+}
+
+/// The engines' state between steps when they run on the caller's
+/// thread.
+struct CallerEngines {
+    management: admin::Management,
+    next_qp: usize,
+    /// A packet the pump holds back (reorder fault).
+    held: Option<Vec<u8>>,
+    /// A packet from the link waiting for room in the inbound queue.
+    pending: Option<Vec<u8>>,
 }
 
 impl Device {
@@ -139,6 +164,55 @@ impl Device {
     }
 }
 
+impl Device {
+    /// The shared state of a device with `attrs` (checked).
+    fn new(
+        attrs: DeviceAttrs,
+        options: EfaOptions,
+        memory: Arc<dyn GuestMemory>,
+        llq: Arc<dyn RegionMemory>,
+        link: Arc<dyn Link>,
+        irq: Arc<dyn Interrupts>,
+        engines_on_caller: bool,
+    ) -> io::Result<Self> {
+        attrs
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if llq.size() < u64::from(attrs.max_qp) * u64::from(attrs.max_llq_size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "LLQ memory smaller than max_qp * max_llq_size",
+            ));
+        }
+        let (inbound_tx, inbound_rx) = sync_channel(INBOUND_DEPTH);
+        let key_bits = 32 - attrs.max_mr.leading_zeros();
+        Ok(Device {
+            key_bits,
+            state: Mutex::new(State::new(&attrs)),
+            attrs,
+            mgmt_wake: Condvar::new(),
+            send_wake: Condvar::new(),
+            datapath: RwLock::new(()),
+            gate: DmaGate::new(memory),
+            irq,
+            llq,
+            link,
+            outbound: Outbound::new(),
+            inbound_tx,
+            inbound_rx: Mutex::new(inbound_rx),
+            reliability: Mutex::new(Reliability::default()),
+            stats: Stats::default(),
+            faults: Mutex::new(EfaFaults::default()),
+            trace: p2plab_trace::Tracer::new(),
+            started: Instant::now(),
+            stopping: AtomicBool::new(false),
+            next_msg_id: AtomicU64::new(first_message_id()),
+            options,
+            engines_on_caller,
+        })
+    }
+}
+
 /// A thread's body.
 type Engine = fn(&Device);
 
@@ -146,6 +220,9 @@ type Engine = fn(&Device);
 pub struct Efa {
     device: Arc<Device>,
     threads: Vec<JoinHandle<()>>,
+    /// The engines' state when they run on the caller's thread
+    /// ([`Efa::with_engines_on_caller`]); `None` with engine threads.
+    caller: Option<Mutex<CallerEngines>>,
 }
 
 impl std::fmt::Debug for Efa {
@@ -168,40 +245,7 @@ impl Efa {
         link: Arc<dyn Link>,
         irq: Arc<dyn Interrupts>,
     ) -> io::Result<Self> {
-        attrs
-            .validate()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        if llq.size() < u64::from(attrs.max_qp) * u64::from(attrs.max_llq_size) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "LLQ memory smaller than max_qp * max_llq_size",
-            ));
-        }
-        let (inbound_tx, inbound_rx) = sync_channel(INBOUND_DEPTH);
-        let key_bits = 32 - attrs.max_mr.leading_zeros();
-        let device = Arc::new(Device {
-            key_bits,
-            state: Mutex::new(State::new(&attrs)),
-            attrs,
-            mgmt_wake: Condvar::new(),
-            send_wake: Condvar::new(),
-            datapath: RwLock::new(()),
-            gate: DmaGate::new(memory),
-            irq,
-            llq,
-            link,
-            outbound: Outbound::new(),
-            inbound_tx,
-            inbound_rx: Mutex::new(inbound_rx),
-            reliability: Mutex::new(Reliability::default()),
-            stats: Stats::default(),
-            faults: Mutex::new(EfaFaults::default()),
-            trace: p2plab_trace::Tracer::new(),
-            started: Instant::now(),
-            stopping: AtomicBool::new(false),
-            next_msg_id: AtomicU64::new(first_message_id()),
-            options,
-        });
+        let device = Arc::new(Device::new(attrs, options, memory, llq, link, irq, false)?);
         let span = tracing::Span::current();
         let mut threads = Vec::new();
         let engines: [(&str, Engine); 5] = [
@@ -228,7 +272,77 @@ impl Efa {
                 }
             }
         }
-        Ok(Self { device, threads })
+        Ok(Self {
+            device,
+            threads,
+            caller: None,
+        })
+    }
+
+    /// Builds the device as [`Efa::new`] does, but starts no thread: its
+    /// engines (management, send, receive, the pump and the link reader)
+    /// run on the caller's thread, one [`Efa::run_engines`] at a time,
+    /// through the same step functions their threads loop over. For a
+    /// fuzz target that cannot afford five threads per input. What
+    /// differs: nothing waits (a send finding the outgoing queue full
+    /// drops the packet and counts it instead of waiting for the pump; a
+    /// packet the pump holds back for a reorder goes out once the queue
+    /// is empty), and timers (retransmits, keep-alives) fire only in a
+    /// `run_engines` after they are due.
+    pub fn with_engines_on_caller(
+        attrs: DeviceAttrs,
+        options: EfaOptions,
+        memory: Arc<dyn GuestMemory>,
+        llq: Arc<dyn RegionMemory>,
+        link: Arc<dyn Link>,
+        irq: Arc<dyn Interrupts>,
+    ) -> io::Result<Self> {
+        let device = Arc::new(Device::new(attrs, options, memory, llq, link, irq, true)?);
+        let management = admin::Management::new(&device);
+        Ok(Self {
+            device,
+            threads: Vec::new(),
+            caller: Some(Mutex::new(CallerEngines {
+                management,
+                next_qp: 0,
+                held: None,
+                pending: None,
+            })),
+        })
+    }
+
+    /// Runs the engines on this thread, a step of each in turn, until a
+    /// round in which none had anything to do; returns how many rounds
+    /// did something. Does nothing (and returns 0) on a device whose
+    /// engines have threads. Engines that keep finding work without end
+    /// would not return: that is the hang a caller's timeout should
+    /// catch.
+    pub fn run_engines(&self) -> u64 {
+        let Some(caller) = &self.caller else {
+            return 0;
+        };
+        let mut engines = lock(caller);
+        let CallerEngines {
+            management,
+            next_qp,
+            held,
+            pending,
+        } = &mut *engines;
+        let device = &*self.device;
+        let mut rounds = 0;
+        loop {
+            let steps = [
+                management.step(device, false),
+                send::send_step(device, next_qp, false),
+                fabric::pump_step(device, held, false),
+                fabric::link_step(device, pending, false),
+                recv::receive_step(device, false),
+            ];
+            if !steps.contains(&Progress::Worked) {
+                return rounds;
+            }
+            rounds += 1;
+        }
     }
 
     /// A handle for the control socket.

@@ -14,7 +14,7 @@
 //!   segments land in the target MR; read requests go to the send engine,
 //!   which may wait for room on the fabric where this engine must not.
 
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
 use p2plab_kit::Epoch;
@@ -24,7 +24,7 @@ use super::send::{
     complete_send, mr_for, rnr_retry, still_registered, write_imm_packet, write_mr, Completion,
 };
 use super::state::{lock, Qp, SendJob};
-use super::Device;
+use super::{Device, Progress};
 use crate::admin::mr_access;
 use crate::attrs::MAX_RECV_SGES;
 use crate::defs::{IoOp, IoQueue, IoStatus, QpType};
@@ -39,20 +39,34 @@ const IMM_ACK: u64 = u64::MAX;
 
 /// The receive engine's thread.
 pub(crate) fn receive_engine(device: &Device) {
-    loop {
-        if device.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        let packet = {
-            let inbound = lock(&device.inbound_rx);
-            match inbound.recv_timeout(Duration::from_millis(20)) {
-                Ok(packet) => packet,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-        };
-        handle_packet(device, &packet);
+    while receive_step(device, true) != Progress::Stop {}
+}
+
+/// One step of the receive engine: the next inbound packet, handled.
+/// With `wait` it waits up to 20 ms for one (the thread); without, it
+/// takes only one already there (the engines on the caller's thread).
+pub(crate) fn receive_step(device: &Device, wait: bool) -> Progress {
+    if device.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return Progress::Stop;
     }
+    let packet = {
+        let inbound = lock(&device.inbound_rx);
+        let received = if wait {
+            inbound.recv_timeout(Duration::from_millis(20))
+        } else {
+            inbound.try_recv().map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            })
+        };
+        match received {
+            Ok(packet) => packet,
+            Err(RecvTimeoutError::Timeout) => return Progress::Idle,
+            Err(RecvTimeoutError::Disconnected) => return Progress::Stop,
+        }
+    };
+    handle_packet(device, &packet);
+    Progress::Worked
 }
 
 /// Handles one packet's bytes.

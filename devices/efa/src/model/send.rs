@@ -17,7 +17,7 @@ use p2plab_kit::Epoch;
 
 use super::reliability::{rto, segment_len, segments, Pending, Work, MAX_TRIES, RNR_FOREVER};
 use super::state::{lock, Mr, Qp, SendJob};
-use super::{events, Device};
+use super::{events, Device, Progress};
 use crate::admin::mr_access;
 use crate::defs::{device_caps, IoOp, IoStatus, QpType};
 use crate::frame::{Body, Header, Packet, SEGMENT_SIZE};
@@ -175,39 +175,49 @@ pub(crate) fn complete_send(device: &Device, c: Completion, status: IoStatus) {
 /// The send engine's thread.
 pub(crate) fn send_engine(device: &Device) {
     let mut next_qp = 0usize;
-    loop {
-        let next_deadline = run_timers(device);
-        let mut state = device.lock();
-        if state.shutdown {
-            return;
-        }
-        if let Some(job) = state.send_jobs.pop_front() {
-            drop(state);
-            match job {
-                SendJob::ServeRead {
-                    header,
-                    rkey,
-                    addr,
-                    length,
-                } => serve_read(device, header, rkey, addr, length),
-            }
-            continue;
-        }
-        if let Some(taken) = take_wqe(device, &mut state, &mut next_qp) {
-            drop(state);
-            execute(device, taken);
-            continue;
-        }
-        let wait = next_deadline
-            .map_or(IDLE, |d| d.saturating_duration_since(Instant::now()))
-            .clamp(Duration::from_micros(100), IDLE);
-        drop(
-            device
-                .send_wake
-                .wait_timeout(state, wait)
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+    while send_step(device, &mut next_qp, true) != Progress::Stop {}
+}
+
+/// One step of the send engine: timers due, then a read to serve or a
+/// WQE to run (round robin from `next_qp`). With `wait` it waits for
+/// work or the next timer (the thread); without, it returns
+/// [`Progress::Idle`] instead (the engines on the caller's thread).
+pub(crate) fn send_step(device: &Device, next_qp: &mut usize, wait: bool) -> Progress {
+    let next_deadline = run_timers(device);
+    let mut state = device.lock();
+    if state.shutdown {
+        return Progress::Stop;
     }
+    if let Some(job) = state.send_jobs.pop_front() {
+        drop(state);
+        match job {
+            SendJob::ServeRead {
+                header,
+                rkey,
+                addr,
+                length,
+            } => serve_read(device, header, rkey, addr, length),
+        }
+        return Progress::Worked;
+    }
+    if let Some(taken) = take_wqe(device, &mut state, next_qp) {
+        drop(state);
+        execute(device, taken);
+        return Progress::Worked;
+    }
+    if !wait {
+        return Progress::Idle;
+    }
+    let wait = next_deadline
+        .map_or(IDLE, |d| d.saturating_duration_since(Instant::now()))
+        .clamp(Duration::from_micros(100), IDLE);
+    drop(
+        device
+            .send_wake
+            .wait_timeout(state, wait)
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    Progress::Idle
 }
 
 /// The next WQE to work on, round robin over the QPs.

@@ -129,17 +129,36 @@ impl Driver {
         link: Arc<dyn Link>,
         options: EfaOptions,
     ) -> Self {
+        Self::build(guest, attrs, link, options, false)
+    }
+
+    /// As [`Driver::new`], with the device's engines on the test's thread
+    /// (`Efa::with_engines_on_caller`): the driver's waits run them.
+    pub fn on_caller(
+        guest: &Arc<Guest>,
+        attrs: DeviceAttrs,
+        link: Arc<dyn Link>,
+        options: EfaOptions,
+    ) -> Self {
+        Self::build(guest, attrs, link, options, true)
+    }
+
+    fn build(
+        guest: &Arc<Guest>,
+        attrs: DeviceAttrs,
+        link: Arc<dyn Link>,
+        options: EfaOptions,
+        on_caller: bool,
+    ) -> Self {
         let irq = RecordingInterrupts::new();
         let llq = Arc::new(HeapRegion::new(attrs.llq_bar_size() as usize));
         let region: Arc<dyn RegionMemory> = llq.clone();
-        let efa = Efa::new(
-            attrs,
-            options,
-            guest.memory.clone(),
-            region,
-            link,
-            irq.clone(),
-        )
+        let memory = guest.memory.clone();
+        let efa = if on_caller {
+            Efa::with_engines_on_caller(attrs, options, memory, region, link, irq.clone())
+        } else {
+            Efa::new(attrs, options, memory, region, link, irq.clone())
+        }
         .unwrap();
         efa.set_bus_master(true);
         Self {
@@ -229,6 +248,8 @@ impl Driver {
         );
         self.write_reg(reg::DEV_CTL, 0);
         wait_for("RESET_IN_PROGRESS off", || {
+            // Engines on the test's thread run here (a no-op with threads).
+            self.efa.run_engines();
             (self.read_reg(reg::DEV_STS as u16) & 8 == 0).then_some(())
         });
         self.sq_pc = 0;
@@ -292,7 +313,10 @@ impl Driver {
         self.guest.write(self.sq + u64::from(slot) * 64, &entry);
         self.sq_pc = self.sq_pc.wrapping_add(1);
         self.write_reg(reg::AQ_PROD_DB, u32::from(self.sq_pc));
-        let entry = wait_for("an admin completion", || self.acq.next(&self.guest));
+        let entry = wait_for("an admin completion", || {
+            self.efa.run_engines();
+            self.acq.next(&self.guest)
+        });
         let c = Completion {
             command_id: u16_at(&entry, 0) & 0xfff,
             status: entry[2],
@@ -566,7 +590,10 @@ impl Driver {
 
     /// The next completion of `cq`, waiting for it.
     pub fn wait_cqe(&self, cq: &mut Cq) -> Cqe {
-        let entry = wait_for("a completion", || cq.consumer.next(&self.guest));
+        let entry = wait_for("a completion", || {
+            self.efa.run_engines();
+            cq.consumer.next(&self.guest)
+        });
         let cqe = Cqe::parse(&entry);
         self.efa
             .db_write(cq.db, &(cq.consumer.count & 0xffff).to_le_bytes());

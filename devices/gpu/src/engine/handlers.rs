@@ -116,13 +116,21 @@ impl Engine {
             return Outcome::ok(0);
         }
         // STEP_BYTES is a multiple of 4, so every step starts at pattern
-        // byte 0.
-        let pattern = cmd.pattern.to_le_bytes();
-        if self.pattern_buf.len() != STEP_BYTES {
-            self.pattern_buf = vec![0; STEP_BYTES];
+        // byte 0. A whole step of pattern is 1 MiB: build only as much as
+        // this fill writes per step, and only when the pattern changed.
+        let needed = usize::try_from(cmd.len)
+            .unwrap_or(STEP_BYTES)
+            .min(STEP_BYTES)
+            .next_multiple_of(4);
+        if self.pattern != cmd.pattern {
+            self.pattern = cmd.pattern;
+            self.pattern_buf.clear();
         }
-        for (i, byte) in self.pattern_buf.iter_mut().enumerate() {
-            *byte = pattern[i % 4];
+        if self.pattern_buf.len() < needed {
+            let pattern = cmd.pattern.to_le_bytes();
+            let have = self.pattern_buf.len() / 4;
+            self.pattern_buf
+                .extend(std::iter::repeat_n(pattern, needed / 4 - have).flatten());
         }
         for (off, n) in steps(cmd.len) {
             if self.abandoned() {

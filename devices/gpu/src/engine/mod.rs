@@ -97,14 +97,28 @@ fn fetch_fault_status(fault: &DmaFault) -> StatusCode {
 /// the largest DMA message QEMU's client accepts.
 const STEP_BYTES: usize = 1 << 20;
 
+/// What one [`Engine::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Sent an interrupt or ran a ring entry.
+    Worked,
+    /// Nothing to do now (only when not waiting).
+    Idle,
+    /// The device is shutting down.
+    Stop,
+}
+
 /// The worker thread's side: fetch, execute, retire.
 pub(crate) struct Engine {
     device: Arc<Device>,
     /// Bounce buffer for one step of a copy or checksum.
     step_buf: Vec<u8>,
-    /// One step's worth of the current fill pattern (allocated on the
-    /// first non-zero fill).
+    /// The last fill pattern repeated, as many bytes as a fill needed so
+    /// far (at most one step): a fill reuses them when its pattern is the
+    /// same, and writes only what it needs when not.
     pattern_buf: Vec<u8>,
+    /// The pattern `pattern_buf` repeats.
+    pattern: u32,
     /// Generation of the entry being processed.
     generation: u64,
     /// DMA gate epoch of the entry being processed.
@@ -117,52 +131,63 @@ impl Engine {
             device: Arc::clone(&device),
             step_buf: vec![0; STEP_BYTES],
             pattern_buf: Vec::new(),
+            pattern: 0,
             generation: 0,
             epoch: device.gate.epoch(),
         }
     }
 
-    /// Serves the ring until the device shuts down.
+    /// Serves the ring until the device shuts down (the engine thread).
     pub fn run(mut self) {
-        loop {
-            let (notify, taken) = {
-                let mut regs = self.device.lock();
-                while !regs.shutdown && !regs.interrupt_pending && !regs.runnable() {
-                    regs = self.device.wait(regs);
+        while self.step(true) != Step::Stop {}
+    }
+
+    /// One round: sends a pending interrupt and runs the next ring
+    /// entry, if any. With `wait` it waits until there is one of the two
+    /// (the engine thread); without, it returns [`Step::Idle`] instead
+    /// (the engine on the caller's thread, [`crate::Gpu::run_engine`]).
+    pub fn step(&mut self, wait: bool) -> Step {
+        let (notify, taken) = {
+            let mut regs = self.device.lock();
+            while !regs.shutdown && !regs.interrupt_pending && !regs.runnable() {
+                if !wait {
+                    return Step::Idle;
                 }
-                if regs.shutdown {
-                    return;
-                }
-                let notify = std::mem::take(&mut regs.interrupt_pending);
-                let taken = if regs.runnable() {
-                    regs.engine_holds_job = true;
-                    Some(TakenEntry {
-                        generation: self.device.generation(),
-                        addr: regs.ring_base + u64::from(regs.head) * COMMAND_SIZE,
-                        ring: if regs.ring_ctrl.in_vram() {
-                            RingMemory::Vram
-                        } else {
-                            RingMemory::Guest
-                        },
-                        bus_master: regs.bus_master_enabled,
-                        epoch: self.device.gate.epoch(),
-                    })
-                } else {
-                    None
-                };
-                (notify, taken)
+                regs = self.device.wait(regs);
+            }
+            if regs.shutdown {
+                return Step::Stop;
+            }
+            let notify = std::mem::take(&mut regs.interrupt_pending);
+            let taken = if regs.runnable() {
+                regs.engine_holds_job = true;
+                Some(TakenEntry {
+                    generation: self.device.generation(),
+                    addr: regs.ring_base + u64::from(regs.head) * COMMAND_SIZE,
+                    ring: if regs.ring_ctrl.in_vram() {
+                        RingMemory::Vram
+                    } else {
+                        RingMemory::Guest
+                    },
+                    bus_master: regs.bus_master_enabled,
+                    epoch: self.device.gate.epoch(),
+                })
+            } else {
+                None
             };
-            if notify {
-                Stats::add(&self.device.stats.interrupts, 1);
-                self.device
-                    .trace
-                    .record("irq", || serde_json::json!({"vector": ENGINE_VECTOR}));
-                self.device.irq.notify(ENGINE_VECTOR);
-            }
-            if let Some(taken) = taken {
-                self.process(taken);
-            }
+            (notify, taken)
+        };
+        if notify {
+            Stats::add(&self.device.stats.interrupts, 1);
+            self.device
+                .trace
+                .record("irq", || serde_json::json!({"vector": ENGINE_VECTOR}));
+            self.device.irq.notify(ENGINE_VECTOR);
         }
+        if let Some(taken) = taken {
+            self.process(taken);
+        }
+        Step::Worked
     }
 
     /// Guest memory for the current entry's DMA.

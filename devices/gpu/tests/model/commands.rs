@@ -176,3 +176,30 @@ fn checksum_matches_known_vectors() {
     let r = rig.run(cmd(op::CHECKSUM, 0, 0, 0));
     assert_eq!((r.status, r.result), (StatusCode::Ok.code(), 0));
 }
+
+/// Catches: a fill that reuses the pattern bytes of an earlier fill (the
+/// engine keeps them between fills), or that writes a short fill's
+/// pattern where a longer one follows.
+#[test]
+fn fills_with_other_patterns_and_lengths_write_their_own() {
+    let mut rig = Rig::ready();
+    for (dst, len, pattern) in [
+        (0u64, 8u64, 0x0403_0201u32),
+        (4096, 3 << 20, 0x0403_0201),
+        (4096, 5, 0xddcc_bbaa),
+        (9000, (1 << 20) + 7, 0x4433_2211),
+        (100, 4096, 0x4433_2211),
+    ] {
+        let r = rig.run(fill_cmd(dst, len, pattern));
+        assert_eq!(r.status, StatusCode::Ok.code());
+        let want = pattern.to_le_bytes();
+        let got = vram_bytes(&rig, dst, len as usize);
+        for (i, b) in got.iter().enumerate() {
+            assert_eq!(
+                *b,
+                want[i % 4],
+                "fill {pattern:#x} of {len} at {dst}: byte {i}"
+            );
+        }
+    }
+}

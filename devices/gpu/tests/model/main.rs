@@ -4,6 +4,7 @@
 
 mod rig;
 
+mod caller_engine;
 mod command_errors;
 mod commands;
 mod faults;

@@ -62,9 +62,26 @@ impl Rig {
 
     /// A device whose bus is `memory` (which must hold the RAM window).
     pub fn with_memory(vram_size: u64, memory: FakeGuestMemory) -> Self {
+        Self::build(vram_size, memory, false)
+    }
+
+    /// A device with its engine on the test's thread
+    /// (`Gpu::with_engine_on_caller`): nothing runs until
+    /// `gpu.run_engine()`.
+    pub fn on_caller(vram_size: u64) -> Self {
+        let memory = FakeGuestMemory::new().with_region(RAM_BASE, RAM_SIZE);
+        Self::build(vram_size, memory, true)
+    }
+
+    fn build(vram_size: u64, memory: FakeGuestMemory, on_caller: bool) -> Self {
         let ram = Arc::new(GatedMemory::new(memory, DATA_GPA));
         let irq = RecordingInterrupts::new();
-        let gpu = Gpu::new(Vram::new(vram_size).unwrap(), ram.clone(), irq.clone()).unwrap();
+        let vram = Vram::new(vram_size).unwrap();
+        let gpu = if on_caller {
+            Gpu::with_engine_on_caller(vram, ram.clone(), irq.clone())
+        } else {
+            Gpu::new(vram, ram.clone(), irq.clone()).unwrap()
+        };
         gpu.set_bus_master(true);
         Self {
             gpu,
