@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::disks::Allocation;
 use crate::hostcpu::JobCost;
 use crate::measure::Side;
 use crate::rows::Row;
@@ -119,6 +120,7 @@ pub struct Measured<'a> {
     pub spdk: &'a Side,
     pub copies: &'a Side,
     pub rdma: &'a Side,
+    pub disks: &'a [Allocation],
 }
 
 /// The whole document.
@@ -160,6 +162,8 @@ pub fn results(
         "compared_spdk": rows_json(compared_spdk, "p2plab_nvme", "spdk"),
         "host_cpu_note": "server CPU between the guest's marks around each compared job, read on the host; per I/O and per MiB the guest's nvme0n1 completed between the same marks; busy leaves out idle polling (p2plab-nvme: idle_poll_cpu_us; SPDK: reactor idle ticks; QEMU: none, it does not poll); QEMU: its process less its vCPU threads",
         "host_cpu": host_cpu_json(&cpu_sides),
+        "disks_note": "the compared NVMe sides' backing files, rewritten with their own bytes before each round wherever they had holes, so that every O_DIRECT read reaches allocated blocks (a hole reads as zeros without disk I/O); bytes allocated before the first round and after the last",
+        "disks": measured.disks.iter().map(Allocation::to_json).collect::<Vec<_>>(),
         "p2p_ratio": "P2P buffer (GPU p2pmem, nvme1 CMB) / guest RAM buffer, same boot, per round",
         "p2p": rows_json(p2p, "p2p", "ram"),
         "rdma": {"topology": s.rdma_topology, "len": s.rdma_len, "post": s.rdma_post, "mtus": s.rdma_mtus, "run_dirs": measured.rdma.run_dirs, "nic_dma_paths": measured.rdma.nic_paths},
@@ -221,6 +225,7 @@ mod tests {
             spdk: &spdk,
             copies: &copies,
             rdma: &rdma,
+            disks: &[],
         };
         let doc = results(&settings, &measured, &[row], &[], &[], &[]);
         let keys = |v: &Value| -> Vec<String> {
@@ -232,6 +237,8 @@ mod tests {
         let added = [
             "compared_spdk",
             "compared_spdk_ratio",
+            "disks",
+            "disks_note",
             "host_cpu",
             "host_cpu_note",
             "spdk",

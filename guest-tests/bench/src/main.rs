@@ -22,6 +22,7 @@
 
 mod anchor;
 mod dgx;
+mod disks;
 mod efa;
 mod fio;
 mod guest;
@@ -212,6 +213,9 @@ struct Boots {
     anchor_labels: Vec<String>,
     /// The SPDK anchor's boot, with `--anchor spdk=DIR`.
     spdk: Option<SpdkBoot>,
+    /// The compared NVMe sides' backing files, preconditioned before
+    /// every round ([`disks`]).
+    disks: Vec<disks::Disk>,
     /// The NVMe → NVMe copies, `copy_len` bytes each.
     copies: LabOptions,
     copy_len: u64,
@@ -263,6 +267,9 @@ struct Sides {
     spdk: Side,
     copies: Side,
     rdma: Side,
+    /// The backing files' allocation before the first round and after
+    /// the last preconditioning.
+    disks: Vec<disks::Allocation>,
 }
 
 fn run(cli: &Cli) -> Result<()> {
@@ -486,6 +493,7 @@ fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Set
     copies.server_args = server_args(&["nvme0", "nvme1"], &nvme_args);
     let copy_len = parse_size(&cli.copy_len).context("--copy-len")?;
     let (rdma, rdma_len) = rdma_boots(cli)?;
+    let disks = compared_disks(cli, paths, &anchor_topology, spdk.as_ref(), folder)?;
 
     let settings = Settings {
         date_utc: format_utc(started),
@@ -520,12 +528,52 @@ fn plan(cli: &Cli, paths: &LabPaths, folder: &Path, started: u64) -> Result<(Set
         anchor,
         anchor_labels,
         spdk,
+        disks,
         copies,
         copy_len,
         rdma,
         rdma_len,
     };
     Ok((settings, boots))
+}
+
+/// The backing files of the compared NVMe boots: nvme0's namespace in
+/// `--ours`, the anchor topology's disk, and SPDK's.
+fn compared_disks(
+    cli: &Cli,
+    paths: &LabPaths,
+    anchor_topology: &Path,
+    spdk: Option<&SpdkBoot>,
+    folder: &Path,
+) -> Result<Vec<disks::Disk>> {
+    let ours = disks::load_topology(&paths.topology(&cli.ours)?, &paths.state, folder)?;
+    let (path, size) = disks::server_namespace(&ours, "nvme0")?;
+    let mut all = vec![disks::Disk {
+        side: "p2plab-nvme",
+        path,
+        size,
+    }];
+    let anchor = disks::load_topology(anchor_topology, &paths.state, folder)?;
+    let [disk] = anchor.disks.as_slice() else {
+        bail!(
+            "anchor topology {} has {} disks; the bench needs one",
+            anchor_topology.display(),
+            anchor.disks.len()
+        );
+    };
+    all.push(disks::Disk {
+        side: "qemu nvme",
+        path: disk.path.clone(),
+        size: disk.size,
+    });
+    if let Some(s) = spdk {
+        all.push(disks::Disk {
+            side: "spdk nvmf_tgt",
+            path: s.disk.clone(),
+            size: s.disk_size,
+        });
+    }
+    Ok(all)
 }
 
 /// The rounds: each boots ours, the anchor and the copies (unless
@@ -536,6 +584,7 @@ fn run_rounds(cli: &Cli, boots: &Boots) -> Result<Sides> {
     for round in 1..=cli.rounds {
         eprintln!("p2plab-bench: round {round}/{}", cli.rounds);
         if !cli.rdma_only {
+            disks::precondition_all(&boots.disks, &mut sides.disks)?;
             sides
                 .ours
                 .run_jobs(&boots.ours, &boots.ours_labels, &Server::P2plab)?;
@@ -595,6 +644,7 @@ fn report(cli: &Cli, settings: &Settings, sides: &Sides, folder: &Path) -> Resul
         spdk: &sides.spdk,
         copies: &sides.copies,
         rdma: &sides.rdma,
+        disks: &sides.disks,
     };
     let json_path = folder.join("results.json");
     let document = json::results(settings, &measured, &compared, &compared_spdk, &p2p, &rdma);
