@@ -34,12 +34,8 @@ use crate::topology::{Placeholders, Topology};
 /// `log_buf_len=1M`: the clean-boot check reads the whole kernel log at the
 /// end of a run; Debian's 128 KiB ring would drop the oldest records of a
 /// long one (a full nvme suite run logs about 45 KiB).
-///
-/// `cryptomgr.notests`: the kernel's crypto self-tests (every algorithm
-/// tested as it registers) cost 1-3 s of each boot under TCG and test
-/// nothing the lab is about.
-pub const BASE_CMDLINE: &str = "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init \
-     pci=no_e820 log_buf_len=1M cryptomgr.notests";
+pub const BASE_CMDLINE: &str =
+    "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init pci=no_e820 log_buf_len=1M";
 
 /// The guest's `/run/p2plab/exec.sh`: the command (`script.sh`), then a
 /// copy of the kernel log for the clean-boot check.
