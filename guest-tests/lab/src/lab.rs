@@ -556,7 +556,8 @@ impl Lab {
         let lifetime = self.lifetime;
         let topology = &self.topology;
         let run = &self.run_dir;
-        let initramfs = setup::boot_initramfs(&self.paths)?;
+        let split = setup::use_usr_image(&self.paths, options.kernel.is_some());
+        let initramfs = setup::boot_initramfs(&self.paths, split)?;
         let kernel = options
             .kernel
             .clone()
@@ -604,6 +605,9 @@ impl Lab {
                 run.join("qmp.sock").display()
             ));
         add_9p_share(&mut command, "p2plab-run", &guest_dir, false);
+        if split {
+            command.args(setup::usr_image_args(&self.paths));
+        }
         command.args(control_port_args(run, &self.guest_control));
         if let Some(share) = &options.share {
             let share = share

@@ -72,6 +72,18 @@ impl LabPaths {
         self.guest_env().join("initramfs.img")
     }
 
+    /// The base initramfs without most of /usr, which [`LabPaths::usr_image`]
+    /// holds: what boots of the guest environment's own kernel use.
+    pub fn early_initramfs(&self) -> PathBuf {
+        self.guest_env().join("early.cpio")
+    }
+
+    /// /usr's programs, libraries and data as a read-only ext4 image, which
+    /// the guest's init lays over /usr (a virtio disk, serial `p2plab-bulk`).
+    pub fn usr_image(&self) -> PathBuf {
+        self.guest_env().join("bulk.img")
+    }
+
     /// The cpio appended to the base initramfs: guest drivers and programs.
     pub fn overlay_initramfs(&self) -> PathBuf {
         self.guest_env().join("overlay.img")
