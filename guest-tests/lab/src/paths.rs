@@ -78,7 +78,7 @@ impl LabPaths {
         self.guest_env().join("early.cpio")
     }
 
-    /// /usr's programs, libraries and data as a read-only ext4 image, which
+    /// /usr's programs, libraries and data as a read-only EROFS image, which
     /// the guest's init lays over /usr (a virtio disk, serial `p2plab-bulk`).
     pub fn usr_image(&self) -> PathBuf {
         self.guest_env().join("bulk.img")
