@@ -242,10 +242,12 @@ impl Core {
     pub fn close_link(&self, out: &StreamOut, link: u64, why: &str) {
         let mut closer = lock(&out.closer);
         if closer.as_ref().is_some_and(|(l, _)| *l == link) {
+            // Down before the close: a peer that sees its connection end
+            // (and whoever it tells) must find the link down too.
+            self.link_up.store(false, Ordering::SeqCst);
             if let Some((_, stream)) = closer.take() {
                 stream.close();
             }
-            self.link_up.store(false, Ordering::SeqCst);
             tracing::info!(wire = %self.describe, "wire link down: {why}");
         }
     }
