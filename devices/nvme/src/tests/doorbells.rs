@@ -140,11 +140,13 @@ fn shadow_doorbells_with_event_idx() {
     assert_eq!(idle_rings, IDLE_SUBMISSIONS, "one ring per idle submission");
 
     // 2. A burst with no waiting: the first submission rings (EventIdx is
-    //    armed), the rest only where the controller caught up and stayed
-    //    idle for its whole poll window in between. So the ring count is
-    //    bounded by the burst's duration over that window. A device that
-    //    re-arms EventIdx while it still has entries to fetch (asking for a
-    //    ring per entry) exceeds the bound.
+    //    armed), the rest only where the controller caught up in between:
+    //    with its poll on, once per poll window it stayed idle; with the
+    //    poll backed off (step 1's submissions, each waited for, are
+    //    misses by design) at each drain, a few in a 40-entry burst on a
+    //    loaded host. A device that re-arms EventIdx while it still has
+    //    entries to fetch (asking for a ring per entry) rings for nearly
+    //    every entry and exceeds the bound.
     const BURST: u64 = 40;
     wait_armed(&h, h.queues[1].as_ref().unwrap().sq_tail);
     let started = Instant::now();
@@ -157,8 +159,9 @@ fn shadow_doorbells_with_event_idx() {
     }
     let idle_windows = started.elapsed().as_micros() / crate::worker::POLL.as_micros().max(1);
     assert!(burst_rings >= 1, "the first submission of a burst rings");
+    let drains = u128::from(BURST) / 4;
     assert!(
-        burst_rings <= 1 + idle_windows,
+        burst_rings <= 1 + idle_windows.max(drains),
         "{burst_rings} MMIO rings for a {BURST}-entry burst of {idle_windows} poll windows"
     );
     for cid in cids {
