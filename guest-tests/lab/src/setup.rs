@@ -140,7 +140,7 @@ pub fn boot_initramfs(paths: &LabPaths, split: bool) -> Result<PathBuf> {
 /// Whether a boot with this kernel uses the split initramfs and /usr's
 /// image: boots of the guest environment's own kernel do, when the image is
 /// there. A kernel of the user's (`--kernel`) gets the whole archive: its
-/// virtio_blk, ext4 and overlay may be modules the archive does not have.
+/// virtio_blk, erofs and overlay may be modules the archive does not have.
 pub fn use_usr_image(paths: &LabPaths, own_kernel: bool) -> bool {
     !own_kernel && paths.usr_image().is_file() && paths.early_initramfs().is_file()
 }
@@ -184,7 +184,7 @@ mod tests {
     }
 
     /// Catches a user's kernel booted with the split archive (its own
-    /// virtio_blk, ext4 or overlay may be missing from our modules: no
+    /// virtio_blk, erofs or overlay may be missing from our modules: no
     /// /usr at all), and a split boot asked for without its two parts.
     #[test]
     fn only_the_environments_own_kernel_boots_split() {
