@@ -561,7 +561,7 @@ impl Lab {
         let kernel = options
             .kernel
             .clone()
-            .unwrap_or_else(|| setup::boot_kernel(&self.paths));
+            .unwrap_or_else(|| self.paths.kernel());
         let mut cmdline = BASE_CMDLINE.to_owned();
         if matches!(options.mode, Mode::Keep(_)) {
             cmdline.push_str(" p2plab.keep");

@@ -68,12 +68,6 @@ impl LabPaths {
         self.guest_env().join("vmlinuz")
     }
 
-    /// The same kernel as an uncompressed ELF with a PVH entry point, when
-    /// setup-guest-env could make one (see [`crate::setup::boot_kernel`]).
-    pub fn kernel_elf(&self) -> PathBuf {
-        self.guest_env().join("vmlinux")
-    }
-
     pub fn base_initramfs(&self) -> PathBuf {
         self.guest_env().join("initramfs.img")
     }

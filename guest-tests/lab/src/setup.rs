@@ -145,20 +145,6 @@ pub fn use_usr_image(paths: &LabPaths, own_kernel: bool) -> bool {
     !own_kernel && paths.usr_image().is_file() && paths.early_initramfs().is_file()
 }
 
-/// The guest environment's kernel as a boot loads it: the uncompressed ELF
-/// when there is one, else the bzImage. QEMU loads an ELF with a PVH note
-/// straight into guest RAM and enters it there, so the guest skips the
-/// bzImage's own zstd decompression: about a second of every TCG boot on
-/// the reference machine. Same kernel, same modules.
-pub fn boot_kernel(paths: &LabPaths) -> PathBuf {
-    let elf = paths.kernel_elf();
-    if elf.is_file() {
-        elf
-    } else {
-        paths.kernel()
-    }
-}
-
 /// QEMU's arguments for /usr's image: read-only (every lab on the host
 /// shares the one file), a virtio disk whose serial the init looks for.
 pub fn usr_image_args(paths: &LabPaths) -> Vec<String> {
@@ -210,19 +196,6 @@ mod tests {
         let no_early = env_with(&[("bulk.img", b"b"), ("initramfs.cpio", b"i")]);
         assert!(!use_usr_image(&no_early, false));
         for paths in [both, no_image, no_early] {
-            let _ = std::fs::remove_dir_all(&paths.cache);
-        }
-    }
-
-    /// Catches a boot that keeps decompressing the bzImage although the
-    /// ELF is there, and one that asks for an ELF that is not.
-    #[test]
-    fn the_uncompressed_kernel_is_booted_when_there_is_one() {
-        let both = env_with(&[("vmlinuz", b"bz"), ("vmlinux", b"\x7fELF")]);
-        assert_eq!(boot_kernel(&both), both.kernel_elf());
-        let bz_only = env_with(&[("vmlinuz", b"bz")]);
-        assert_eq!(boot_kernel(&bz_only), bz_only.kernel());
-        for paths in [both, bz_only] {
             let _ = std::fs::remove_dir_all(&paths.cache);
         }
     }
