@@ -357,11 +357,44 @@ pub fn bind_replacing_stale(path: &Path, mode: u32) -> io::Result<UnixListener> 
 /// The socket's inode gets `mode` before bind, so the file is never wider
 /// than asked even for an instant (bind still applies the umask); a chmod
 /// after bind then sets exactly `mode`.
+///
+/// The socket is bound and listening under a temporary name in the same
+/// folder, then renamed to `path`: a client that waits for the file and
+/// connects as soon as it appears is never refused (between bind and
+/// listen a connect fails with ECONNREFUSED; a unit test of the GPU
+/// binary hit exactly that on a loaded CI machine). Where the temporary
+/// name would not fit in `sun_path`, it binds at `path` directly.
 pub fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let staging = path
+        .parent()
+        .map(|dir| dir.join(format!(".p2plab-bind-{}-{n}", std::process::id())));
+    if let Some(staging) = staging.filter(|p| fits_sun_path(p)) {
+        let _ = std::fs::remove_file(&staging);
+        let listener = bind_listen_at(&staging, mode)?;
+        if let Err(e) = std::fs::rename(&staging, path) {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
+        }
+        return Ok(listener);
+    }
+    bind_listen_at(path, mode)
+}
+
+fn fits_sun_path(path: &Path) -> bool {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: `sockaddr_un` is plain data, for which all-zero is valid.
+    let addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    bytes.len() < addr.sun_path.len() && !bytes.contains(&0)
+}
+
+/// socket, fchmod, bind at `path`, chmod, listen.
+fn bind_listen_at(path: &Path, mode: u32) -> io::Result<UnixListener> {
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: `sockaddr_un` is plain data, for which all-zero is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+    if !fits_sun_path(path) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -397,10 +430,18 @@ pub fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     {
         return Err(io::Error::last_os_error());
     }
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
-    // SAFETY: listen on our own bound socket.
-    if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
-        return Err(io::Error::last_os_error());
+    let listening =
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .and_then(|()| {
+                // SAFETY: listen on our own bound socket.
+                if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+    if let Err(e) = listening {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
     }
     Ok(UnixListener::from(fd))
 }

@@ -223,3 +223,81 @@ fn clients_of_another_uid_are_refused_unless_allowed() {
     std::thread::sleep(Duration::from_millis(10));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The socket file appears only once it listens: it is created under a
+/// staging name and renamed into place, so a client that waits for the
+/// file and connects at once is never refused, and no staging file is
+/// left. Catches a socket file that appears at bind, before listen (a
+/// connect in between fails with ECONNREFUSED: the GPU binary's
+/// control-socket test was refused exactly so on a loaded CI machine).
+/// inotify tells how the name came to be: IN_CREATE at the final name is
+/// the race, IN_MOVED_TO is the fix.
+#[test]
+fn a_socket_file_appears_only_once_it_listens() {
+    const IN_CREATE: u32 = 0x100;
+    const IN_MOVED_TO: u32 = 0x80;
+    let _umask = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = dir("appear");
+    let path = dir.join("s.sock");
+    // SAFETY: inotify_init1 creates a new fd from plain flags.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(
+        fd >= 0,
+        "inotify_init1: {}",
+        std::io::Error::last_os_error()
+    );
+    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a watch on a NUL-terminated path with our own fd.
+    let wd = unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), IN_CREATE | IN_MOVED_TO) };
+    assert!(
+        wd >= 0,
+        "inotify_add_watch: {}",
+        std::io::Error::last_os_error()
+    );
+
+    let listener = p2plab_vfio_user::server::bind_with_mode(&path, 0o600).unwrap();
+    std::os::unix::net::UnixStream::connect(&path).expect("connectable");
+    assert_eq!(mode_of(&path), 0o600);
+
+    let mut buf = [0u8; 4096];
+    // SAFETY: read into our own buffer of its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(
+        n > 0,
+        "no inotify event: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut events = Vec::new();
+    let mut at = 0usize;
+    let header = std::mem::size_of::<libc::inotify_event>();
+    while at + header <= n as usize {
+        // SAFETY: the kernel wrote a whole inotify_event at `at` (read
+        // returns whole events); read_unaligned copes with the alignment.
+        let event: libc::inotify_event =
+            unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+        let name = &buf[at + header..at + header + event.len as usize];
+        let name = String::from_utf8_lossy(name)
+            .trim_end_matches('\0')
+            .to_owned();
+        events.push((event.mask & (IN_CREATE | IN_MOVED_TO), name));
+        at += header + event.len as usize;
+    }
+    // SAFETY: closing our own inotify fd.
+    unsafe { libc::close(fd) };
+    assert!(
+        events.contains(&(IN_MOVED_TO, "s.sock".to_owned())),
+        "the socket was not renamed into place: {events:?}"
+    );
+    assert!(
+        !events.contains(&(IN_CREATE, "s.sock".to_owned())),
+        "the socket file was created at its final name, before listen: {events:?}"
+    );
+    drop(listener);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "s.sock")
+        .collect();
+    assert!(left.is_empty(), "staging files left: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
