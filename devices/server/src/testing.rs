@@ -61,10 +61,11 @@ impl SpawnedServer {
             log,
         };
         let deadline = Instant::now() + PATIENCE;
-        // The socket file appears at bind, before listen: a connect in
-        // between is refused. The transport logs "listening" after both
-        // (the control socket and the peer registry log their own
-        // "listening" lines earlier, so the transport's target is named).
+        // The socket file appears only once it listens (bind_with_mode
+        // renames it into place); the transport's "listening" line also
+        // says the server got that far (the control socket and the peer
+        // registry log their own "listening" lines earlier, so the
+        // transport's target is named).
         while !server.socket.exists()
             || !server.log().contains("p2plab_vfio_user::server: listening")
         {
