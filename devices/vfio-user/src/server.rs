@@ -373,13 +373,38 @@ pub fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     if let Some(staging) = staging.filter(|p| fits_sun_path(p)) {
         let _ = std::fs::remove_file(&staging);
         let listener = bind_listen_at(&staging, mode)?;
-        if let Err(e) = std::fs::rename(&staging, path) {
+        if let Err(e) = rename_noreplace(&staging, path) {
             let _ = std::fs::remove_file(&staging);
             return Err(e);
         }
         return Ok(listener);
     }
     bind_listen_at(path, mode)
+}
+
+/// rename(2) that fails with EEXIST when `to` exists, as bind(2) failed
+/// with EADDRINUSE at an existing path: a file that appeared at `path`
+/// since [`bind_replacing_stale`] looked is refused, never replaced.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: renameat2 on two NUL-terminated paths relative to the cwd.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn fits_sun_path(path: &Path) -> bool {

@@ -301,3 +301,24 @@ fn a_socket_file_appears_only_once_it_listens() {
     assert!(left.is_empty(), "staging files left: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file already at the path is refused, never replaced: bind(2) at an
+/// existing name fails, and the rename that now puts the socket there
+/// must fail the same way (RENAME_NOREPLACE). Catches a bind that
+/// silently overwrites a file that appeared after the stale-socket check.
+#[test]
+fn an_existing_file_at_the_path_is_refused_not_replaced() {
+    let dir = dir("noreplace");
+    let path = dir.join("taken.sock");
+    std::fs::write(&path, b"somebody's file").unwrap();
+    let err = p2plab_vfio_user::server::bind_with_mode(&path, 0o600).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"somebody's file");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "taken.sock")
+        .collect();
+    assert!(left.is_empty(), "staging files left: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
