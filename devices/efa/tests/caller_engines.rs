@@ -5,7 +5,7 @@
 //! stepped until none has work, through the code their threads loop
 //! over.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! serving: after each storm the driver's reset and probe, and a SEND
 //! from one device to the other, must still work.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! probe, admin commands, the data path between two devices, faults and
 //! resets. No QEMU, no socket.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

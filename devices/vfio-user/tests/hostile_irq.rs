@@ -2,7 +2,7 @@
 //! they are made non-blocking, so a full counter can never block the
 //! thread that signals an interrupt.
 
-mod common;
+use crate::common;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 

@@ -3,7 +3,7 @@
 //! hand it. None of it may crash the server (a SIGBUS kills this test
 //! process, which fails it); DMA fails cleanly and the stream stays in sync.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};

@@ -4,7 +4,7 @@
 //! lines. (DMA range count, fds per message and message sizes are covered
 //! in malformed.rs.)
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};

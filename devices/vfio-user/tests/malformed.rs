@@ -2,7 +2,7 @@
 //! with a real errno, and the next valid request still works (the stream
 //! never desyncs). Headers that cannot be trusted end the connection.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::fd::AsRawFd;

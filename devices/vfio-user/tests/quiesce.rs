@@ -5,7 +5,7 @@
 //! (a canary pattern, and a new canary region mapped at the same IOVA)
 //! and checks that no byte of it changes.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd};

@@ -1,7 +1,7 @@
 //! Conformance against an independent peer: rust-vmm's `vfio_user::Client`
 //! over a real unix socket bound by `Server::bind`.
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;

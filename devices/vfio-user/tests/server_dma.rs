@@ -2,7 +2,7 @@
 //! fd, interleaved with client requests, with a hand-written client that
 //! answers from its own buffer on a background thread, as QEMU does.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -10,7 +10,7 @@
 //! noticing the cut, executes requests it swallowed as data, or lets many
 //! device threads queue more DMA_READ reply bytes than a socket holds.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,7 +7,7 @@
 //! added, removed, renamed or renumbered in the code but not on the page
 //! (or the reverse); a verb the server does not parse.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

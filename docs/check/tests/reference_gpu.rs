@@ -8,7 +8,7 @@
 //! (or the reverse); a register whose width or access changed; an opcode
 //! whose operands changed; a verb the server does not parse.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -8,7 +8,7 @@
 //! bit or descriptor field the page places elsewhere than the code; a
 //! verb the server does not parse.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

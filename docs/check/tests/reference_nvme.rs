@@ -8,7 +8,7 @@
 //! whose width changed; a verb the page lists that the server does not
 //! parse; a DMA key naming a path the transport does not have.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -6,7 +6,7 @@
 //! the page following (or the reverse); a verb or request the server does
 //! not parse; a `process` key renamed or added.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

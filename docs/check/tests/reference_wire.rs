@@ -7,7 +7,7 @@
 //! that does not tile 64 bytes, and a wire counter missing from the page
 //! or gone from the code.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -46,9 +46,12 @@ echo "DSM_NONZERO_BYTES=$(dd if=$ns1 bs=512 skip=32 count=32 iflag=direct 2>/dev
 nvme flush $ns1 >/dev/null && echo "FLUSH_CMD=ok"
 
 # fio verify workloads: sizes, depths, engines, several jobs on several queues.
+# 4 KiB runs write 8 MiB (2,048 commands, 64 times queue depth 32, so the
+# submission queue wraps many times); 128 KiB runs 32 MiB (PRP lists).
 for bs in 4k 128k; do for qd in 1 32; do for engine in libaio io_uring; do
+  size=32M; [ $bs = 4k ] && size=8M
   fio --name=v --filename=$ns1 --direct=1 --rw=randwrite --bs=$bs --iodepth=$qd \
-      --ioengine=$engine --size=32M --offset=64M --verify=crc32c --do_verify=1 \
+      --ioengine=$engine --size=$size --offset=64M --verify=crc32c --do_verify=1 \
       --verify_fatal=1 --output-format=terse >/dev/null 2>$out/fio.err \
     && echo "FIO_${bs}_QD${qd}_${engine}=ok" || { echo "FIO_${bs}_QD${qd}_${engine}=failed"; cat $out/fio.err; }
 done; done; done

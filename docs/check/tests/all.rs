@@ -1,0 +1,18 @@
+//! The crate's integration suites that can share a process, as one test
+//! binary: linking one binary instead of one per suite is most of what
+//! these suites cost to build (docs/user-guide/testing.md, "Timings").
+//! Each suite stays its own file and module; a suite that changes
+//! process-wide state is its own binary instead (Cargo.toml's [[test]]).
+
+mod bench_tables;
+mod code_map;
+mod common;
+mod crate_readmes;
+mod layering;
+mod links;
+mod reference_efa;
+mod reference_gpu;
+mod reference_nic;
+mod reference_nvme;
+mod reference_servers;
+mod reference_wire;
