@@ -41,10 +41,10 @@ const MAX_STEERED_LEN: u64 = 64 << 10;
 /// The engine works in steps of 1 MiB (`STEP_BYTES`). A valid length of
 /// hundreds of MiB runs the same steps hundreds of times: an input with a
 /// few of them took tens of milliseconds, and a grown corpus full of
-/// them ran at 200 inputs/s. Longer lengths are cut to at most two steps
-/// plus their remainder within a step, so a job still spans steps and
-/// ends in a partial one; lengths past VRAM, which the engine refuses
-/// before any step, keep their value.
+/// them ran at 200 inputs/s. A length over two steps is cut to one step
+/// plus its remainder within a step, so the job still runs a whole step
+/// and then the same partial step; lengths past VRAM, which the engine
+/// refuses before any step, keep their value.
 const STEP: u64 = 1 << 20;
 const MAX_UNSTEERED_LEN: u64 = 2 * STEP;
 
