@@ -94,9 +94,11 @@ fn exec_share_append_status_and_clean_up() {
             .map(|w| w[1].as_str())
             .collect()
     };
+    // Under TCG, without the fast-string features (accel.rs).
+    let tcg_vcpu = p2plab_lab::accel::tcg_vcpu("max");
     let want = match outcome.accel {
         Accel::Kvm => (vec!["kvm"], vec!["host"]),
-        Accel::Tcg => (vec!["tcg,thread=multi"], vec!["max"]),
+        Accel::Tcg => (vec!["tcg,thread=multi"], vec![tcg_vcpu.as_str()]),
     };
     assert_eq!((after("-accel"), after("-cpu")), want, "{qemu_words:?}");
     let line = std::fs::read_to_string(run.join("accel.txt")).unwrap();

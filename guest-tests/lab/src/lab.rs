@@ -1386,7 +1386,7 @@ mod tests {
                     assert_eq!(count(&args, "-cpu"), 1, "{name}: {args:?}");
                     let (accel_arg, cpu) = match want {
                         Accel::Kvm => ("kvm", "host"),
-                        Accel::Tcg => ("tcg,thread=multi", tcg_cpu),
+                        Accel::Tcg => ("tcg,thread=multi", &*accel::tcg_vcpu(tcg_cpu)),
                     };
                     assert_eq!(value(&args, "-accel"), accel_arg, "{name} on {host}");
                     assert_eq!(value(&args, "-cpu"), cpu, "{name} on {host}");
