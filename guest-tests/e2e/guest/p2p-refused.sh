@@ -1,6 +1,7 @@
 #!/bin/bash
-# The p2p suite's guest script for `separate-root-ports`
-# (separate_root_ports_refuse_p2p): the kernel must refuse the transfer.
+# The p2p suite's guest script for `separate-root-ports`: the kernel must
+# refuse the transfer. It runs first in the gds suite's boot of that
+# topology (tests/gds.rs, separate_root_ports_run_in_compat_mode).
 # shellcheck source=SCRIPTDIR/lib/p2p.sh
 . /run/p2plab/lib/p2p.sh
 dmesg -C

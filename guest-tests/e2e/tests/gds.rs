@@ -4,7 +4,8 @@
 //! verified with the GPU's CRC32C engine against the CPU's CRC of the
 //! file, and the JSON each run prints says which path moved the bytes
 //! and why. Two boots: the lab (both file systems, one after the other on
-//! nvme0n1) and separate-root-ports (compat mode, topology).
+//! nvme0n1) and separate-root-ports (compat mode, topology), which the p2p
+//! suite's refusal check shares.
 //!
 //! What each test catches: `gds_on_ext4_and_xfs_in_the_lab` fails on an
 //! NVMe or GPU device that moves the wrong bytes (GPU CRC32C against the
@@ -13,7 +14,9 @@
 //! and on kernel warnings; `separate_root_ports_run_in_compat_mode` fails
 //! when P2P is attempted across a non-whitelisted host bridge (the NVMe
 //! server must count zero peer DMA bytes) or the refusal comes without its
-//! reason. Both also run the cases through cuFile's API
+//! reason, and, in the same boot, when the kernel lets a plain O_DIRECT
+//! P2P read (`p2plab-p2pio`, the p2p suite's check) through the host
+//! bridge or any byte reaches the GPU BAR. Both also run the cases through cuFile's API
 //! (`cufile-gds-cases`, written against cuFile's documentation and linked
 //! with p2plab's libcufile.so): the same paths, reasons and bytes.
 
@@ -21,7 +24,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{counter, peer_dma_bytes_in, run_guest, stats, Boot, GuestRun};
+use common::{counter, peer_dma_bytes_in, run_guest, shared_boot_script, stats, Boot, GuestRun};
 use p2plab_lab::GuestScript;
 use serde_json::Value;
 
@@ -414,15 +417,43 @@ fn gds_on_ext4_and_xfs_in_the_lab() {
 
 /// separate-root-ports: the kernel refuses P2P between nvme0 and the GPU
 /// (q35 host bridge not whitelisted). Reads and writes still complete,
-/// in compat mode, and say "topology" with the kernel's errno.
+/// in compat mode, and say "topology" with the kernel's errno. The same
+/// boot first runs the p2p suite's refusal (`p2p-refused.sh`, its facts
+/// under `P2P_`): a plain user-space P2P read must fail. One boot for
+/// both saves one of the suites' ~30 (about 12 s of a lane under TCG).
 ///
 /// Would catch: a refusal reported as an error instead of falling back,
 /// a fallback that does not say why, data corrupted by the failed attempt,
-/// any byte reaching the GPU's BAR from the NVMe controller.
+/// a kernel that lets the O_DIRECT P2P read through the host bridge, any
+/// byte reaching the GPU's BAR from the NVMe controller.
 #[test]
 fn separate_root_ports_run_in_compat_mode() {
-    let script = GuestScript::new("gds-refused.sh", include_str!("../guest/gds-refused.sh"));
+    let p2p = GuestScript::new("p2p-refused.sh", include_str!("../guest/p2p-refused.sh"))
+        .lib("p2p.sh", include_str!("../guest/lib/p2p.sh"));
+    let gds = GuestScript::new("gds-refused.sh", include_str!("../guest/gds-refused.sh"));
+    let script = shared_boot_script(&[("P2P_", &p2p), ("", &gds)]);
     let run = run_guest("separate-root-ports", &script, Boot::default());
+
+    // The p2p suite's refusal, before any GDS call: the O_DIRECT read
+    // into the GPU's p2pmem fails (EINVAL from the DMA mapping), nothing
+    // is transferred, and dmesg names the reason.
+    let refused = run.part("P2P_");
+    assert_ne!(
+        refused.fact("REFUSED_STATUS"),
+        "0",
+        "the transfer must fail"
+    );
+    refused.expect("REFUSED_ERRORS", "1");
+    refused.expect("REFUSED_BYTES", "0");
+    assert!(
+        run.output().contains("Invalid argument (os error 22)"),
+        "the user sees the error: {}",
+        run.output()
+    );
+    assert!(
+        refused.fact_u64("REFUSED_DMESG") >= 1,
+        "the kernel says why in dmesg"
+    );
     run.expect("EXT4_MKFS", "0");
     run.expect("EXT4_MOUNT", "0");
     run.expect("EXT4_INFO_STATUS", "0");

@@ -31,9 +31,11 @@
 //! `nvme_to_nvme_through_a_cmb` fails on a CMB that is not published or
 //! that corrupts data in flight, on a server that does not serve its
 //! own CMB locally, and on a `--peer-path off` server whose bytes do not
-//! fall back to the message path; `separate_root_ports_refuse_p2p` fails when the kernel
-//! lets P2P through a non-whitelisted host bridge or any byte reaches the
-//! GPU BAR.
+//! fall back to the message path. The refusal across separate root ports
+//! (`p2p-refused.sh`: the kernel must not let P2P through a
+//! non-whitelisted host bridge, and no byte may reach the GPU BAR) runs in
+//! the gds suite's `separate-root-ports` boot
+//! (`gds::separate_root_ports_run_in_compat_mode`), one boot for both.
 
 mod common;
 
@@ -407,34 +409,5 @@ fn nvme_to_nvme_through_a_cmb() {
     assert!(
         counter(&nvme1, "dma_local_read_bytes") >= 64 << 20,
         "{nvme1}"
-    );
-}
-
-/// Topology (issue item 4): with the devices on separate root ports of the q35 host
-/// bridge (not whitelisted) and an Intel vCPU, the kernel refuses P2P. The
-/// user sees an error, not a silent bounce through RAM.
-#[test]
-fn separate_root_ports_refuse_p2p() {
-    let script = p2p_script("p2p-refused.sh", include_str!("../guest/p2p-refused.sh"));
-    let run = run_guest("separate-root-ports", &script, Boot::default());
-    assert_ne!(run.fact("REFUSED_STATUS"), "0", "the transfer must fail");
-    // The O_DIRECT read is refused (EINVAL from the DMA mapping), nothing
-    // is transferred, and dmesg names the reason.
-    run.expect("REFUSED_ERRORS", "1");
-    run.expect("REFUSED_BYTES", "0");
-    assert!(
-        run.output().contains("Invalid argument (os error 22)"),
-        "the user sees the error: {}",
-        run.output()
-    );
-    assert!(
-        run.fact_u64("REFUSED_DMESG") >= 1,
-        "the kernel says why in dmesg"
-    );
-    let nvme = stats(&run, "nvme0");
-    assert_eq!(
-        counter(&nvme, "dma_message_write_bytes") + counter(&nvme, "dma_peer_write_bytes"),
-        0,
-        "no bytes reached the GPU BAR"
     );
 }
