@@ -489,7 +489,13 @@ fn separate_root_ports_run_in_compat_mode() {
     assert_eq!((c.p2p, c.compat), (0, MIB));
     assert_eq!(c.p2p_errno, libc::EINVAL as u64, "{}", c.detail);
 
-    assert!(run.fact_u64("REFUSED_DMESG") >= 1, "the kernel says why");
+    // The kernel says why when it first decides on the pair, here during
+    // the p2p part: it keeps the verdict (p2pdma's map_types cache), so
+    // the GDS calls after it may find no new line.
+    assert!(
+        run.fact_u64("REFUSED_DMESG") + refused.fact_u64("REFUSED_DMESG") >= 1,
+        "the kernel says why"
+    );
     let nvme = stats(&run, "nvme0");
     assert_eq!(counter(&nvme, "dma_message_write_bytes"), 0, "{nvme}");
     assert_eq!(counter(&nvme, "dma_message_read_bytes"), 0, "{nvme}");
