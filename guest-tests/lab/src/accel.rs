@@ -27,18 +27,6 @@
 //! three small workloads 26 s against 21 s. A `-cpu` value that names one
 //! of them (`erms=on`, `+erms`) keeps what it says.
 //!
-//! Under TCG the guest kernel also boots with `mitigations=off`
-//! ([`AccelChoice::kernel_args`]): TCG does not execute speculatively, so
-//! there is no side channel for retpolines, return thunks, RSB filling or
-//! VERW buffer clearing to close, and each costs emulated instructions on
-//! every system call and context switch. Measured on the 2-core reference
-//! host: `dd if=/dev/zero of=/dev/null bs=4k count=200000` took 6.9 s with
-//! them and 0.5 s without, 300 fork+exec of `/bin/true` 3.6 s against
-//! 2.6 s, a 64 MiB O_DIRECT fio read 7.5 s against 5.0 s. Under KVM the
-//! guest keeps the kernel's default: it runs on the host's real cores. A
-//! user's `--append mitigations=...` comes later on the command line and
-//! wins.
-//!
 //! Timeouts: every wait on the guest is written as its TCG budget and
 //! scaled with [`Accel::scale`], here and nowhere else.
 
@@ -376,15 +364,6 @@ impl AccelChoice {
             accel_arg: "kvm".to_owned(),
             cpu: Some("host".to_owned()),
             line: format!("using KVM with -cpu host{shows}"),
-        }
-    }
-
-    /// Kernel command-line arguments this accelerator adds before the
-    /// user's (see the module header): `mitigations=off` under TCG.
-    pub fn kernel_args(&self) -> &'static str {
-        match self.accel {
-            Accel::Tcg => "mitigations=off",
-            Accel::Kvm => "",
         }
     }
 
@@ -955,17 +934,6 @@ mod tests {
         );
         let tcg = choose(&auto(), "lab", None, broken, intel).unwrap();
         assert_eq!(tcg.qemu_args(), ["-accel", "tcg,thread=multi"]);
-    }
-
-    /// Catches: a TCG guest left with the kernel's speculation
-    /// mitigations (no side channel to close, a cost on every system
-    /// call), or a KVM guest stripped of them.
-    #[test]
-    fn mitigations_are_off_under_tcg_only() {
-        let tcg = choose(&auto(), "lab", Some("max"), broken, intel).unwrap();
-        assert_eq!(tcg.kernel_args(), "mitigations=off");
-        let kvm = choose(&auto(), "lab", Some("max"), usable, intel).unwrap();
-        assert_eq!(kvm.kernel_args(), "");
     }
 
     #[test]

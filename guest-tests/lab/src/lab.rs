@@ -563,13 +563,6 @@ impl Lab {
             .clone()
             .unwrap_or_else(|| self.paths.kernel());
         let mut cmdline = BASE_CMDLINE.to_owned();
-        // Before the user's arguments, which win (`mitigations=` is
-        // parsed once per occurrence, the last one stays).
-        let accel_args = self.accel.kernel_args();
-        if !accel_args.is_empty() {
-            cmdline.push(' ');
-            cmdline.push_str(accel_args);
-        }
         if matches!(options.mode, Mode::Keep(_)) {
             cmdline.push_str(" p2plab.keep");
         }
