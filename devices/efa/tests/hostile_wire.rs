@@ -336,6 +336,11 @@ fn a_hostile_tcp_peer_is_refused_unless_it_proves_the_key() {
         matches!(answer.body, Body::Ack { status, .. } if status != 0),
         "{answer:?}"
     );
+    // The server counts a frame as sent once its write returns, which can
+    // be after the peer has read it: wait for the count, do not sample it.
+    wait_until("the answer is counted as sent", PATIENCE, || {
+        wire_counter(&server.status(), "frames_sent") == 1
+    });
     let status = server.status();
     assert_eq!(wire_counter(&status, "connections"), 2, "{status}");
     assert_eq!(wire_counter(&status, "frames_received"), 1, "{status}");
