@@ -121,7 +121,10 @@ impl Rig {
     }
 
     /// Posts frames until the TX engine is stuck in a send (the peer's
-    /// socket is full); returns the descriptor it is stuck on.
+    /// socket is full); returns the descriptor it is stuck on. A send
+    /// timeout as short as this wait can end the stuck send before a
+    /// loaded test thread looks again: a descriptor that completed with
+    /// an error status is the stuck one too.
     fn fill_until_stuck(&mut self) -> u64 {
         self.memory
             .write(BUFFER, &vec![0x5a; FRAME as usize])
@@ -129,11 +132,13 @@ impl Rig {
         for _ in 0..ENTRIES - 1 {
             let slot = self.post(BUFFER, FRAME);
             let deadline = Instant::now() + Duration::from_millis(300);
-            while self.status(slot) == 0 {
-                if Instant::now() > deadline {
-                    return slot;
+            loop {
+                match self.status(slot) {
+                    0 if Instant::now() > deadline => return slot,
+                    0 => std::thread::sleep(Duration::from_millis(2)),
+                    done if done == Status::Ok.code() => break,
+                    _ => return slot,
                 }
-                std::thread::sleep(Duration::from_millis(2));
             }
         }
         panic!("{} frames went into a peer that never reads", ENTRIES - 1);
