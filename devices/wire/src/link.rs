@@ -164,9 +164,10 @@ pub(crate) fn run(core: Arc<Core>, mut transport: Box<dyn Transport>, queue: Syn
                         dialer.back_off();
                     }
                 }
-                Arrival::Refused(why) => {
+                Arrival::Refused(why, connection) => {
                     WireStats::add(&core.stats.peers_refused, 1);
                     log_limited!(warn, "wire {}: refused {why}", core.describe);
+                    close_counted(connection);
                     dialer.back_off();
                 }
                 Arrival::Nothing => dialer.soon(),
@@ -188,8 +189,8 @@ pub(crate) fn run(core: Arc<Core>, mut transport: Box<dyn Transport>, queue: Syn
                 Arrival::Peer(stream, who) => match &peer {
                     None => peer = install(&core, out, stream, who),
                     Some(current) => {
-                        stream.close();
                         WireStats::add(&core.stats.peers_refused, 1);
+                        stream.close();
                         log_limited!(
                             warn,
                             "wire {}: refused a second peer ({who}): the wire takes one peer and {} is connected",
@@ -198,9 +199,10 @@ pub(crate) fn run(core: Arc<Core>, mut transport: Box<dyn Transport>, queue: Syn
                         );
                     }
                 },
-                Arrival::Refused(why) => {
+                Arrival::Refused(why, connection) => {
                     WireStats::add(&core.stats.peers_refused, 1);
                     log_limited!(warn, "wire {}: refused {why}", core.describe);
+                    close_counted(connection);
                 }
                 Arrival::Nothing => {}
             }
@@ -221,6 +223,13 @@ pub(crate) fn run(core: Arc<Core>, mut transport: Box<dyn Transport>, queue: Syn
             End::Closed("the wire stopped".into()),
             &mut dialer,
         );
+    }
+}
+
+/// Ends a refused connection, once its refusal is counted.
+fn close_counted(connection: Option<Box<dyn Stream>>) {
+    if let Some(connection) = connection {
+        connection.close();
     }
 }
 

@@ -305,9 +305,10 @@ fn accept_loop(listener: &TcpListener, mailbox: &Arc<Mailbox>, options: &TcpOpti
         if mailbox.pending.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
             mailbox.pending.fetch_sub(1, Ordering::SeqCst);
             let _ = stream.shutdown(Shutdown::Both);
-            mailbox.post(Arrival::Refused(format!(
-                "{addr}: {MAX_HANDSHAKES} handshakes are already under way"
-            )));
+            mailbox.post(Arrival::Refused(
+                format!("{addr}: {MAX_HANDSHAKES} handshakes are already under way"),
+                None,
+            ));
             continue;
         }
         let thread_mailbox = Arc::clone(mailbox);
@@ -319,7 +320,7 @@ fn accept_loop(listener: &TcpListener, mailbox: &Arc<Mailbox>, options: &TcpOpti
                 let _span = span.enter();
                 let arrival = match authenticate(stream, Role::Listener, &thread_options) {
                     Ok(stream) => Arrival::Peer(Box::new(stream), format!("{addr} (key proved)")),
-                    Err(why) => Arrival::Refused(format!("{addr}: {why}")),
+                    Err(why) => Arrival::Refused(format!("{addr}: {why}"), None),
                 };
                 if !thread_mailbox.stop.load(Ordering::SeqCst) {
                     thread_mailbox.post(arrival);
@@ -348,7 +349,7 @@ fn dial_once(target: &str, options: &TcpOptions) -> Option<Arrival> {
             Ok(stream) => {
                 return Some(match authenticate(stream, Role::Dialer, options) {
                     Ok(stream) => Arrival::Peer(Box::new(stream), format!("{addr} (key proved)")),
-                    Err(why) => Arrival::Refused(format!("the listener at {addr}: {why}")),
+                    Err(why) => Arrival::Refused(format!("the listener at {addr}: {why}"), None),
                 });
             }
             // Not listening yet, or not reachable yet: the peer lab is

@@ -55,8 +55,11 @@ pub enum Arrival {
     /// A connection that passed the transport's checks, and who it is
     /// (for the log: "uid 1000").
     Peer(Box<dyn Stream>, String),
-    /// A connection refused by the transport's checks, and why.
-    Refused(String),
+    /// A connection refused by the transport's checks, and why. The
+    /// connection itself, where the transport still holds it, is closed
+    /// by the wire only after it counted the refusal: a peer that sees
+    /// its connection end then finds it counted.
+    Refused(String, Option<Box<dyn Stream>>),
     /// Nothing yet.
     Nothing,
 }

@@ -65,10 +65,16 @@ impl UnixTransport {
             Ok(uid) if uid == ours || self.allowed_uids.contains(&uid) => {
                 Arrival::Peer(Box::new(stream), format!("uid {uid}"))
             }
-            Ok(uid) => Arrival::Refused(format!(
-                "{what} of uid {uid}: only uid {ours} and --allow-uid may be the wire's peer"
-            )),
-            Err(e) => Arrival::Refused(format!("{what} whose uid is unknown (SO_PEERCRED: {e})")),
+            Ok(uid) => Arrival::Refused(
+                format!(
+                    "{what} of uid {uid}: only uid {ours} and --allow-uid may be the wire's peer"
+                ),
+                Some(Box::new(stream)),
+            ),
+            Err(e) => Arrival::Refused(
+                format!("{what} whose uid is unknown (SO_PEERCRED: {e})"),
+                Some(Box::new(stream)),
+            ),
         }
     }
 }
