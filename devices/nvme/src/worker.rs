@@ -156,21 +156,24 @@ enum Watched {
 }
 
 /// Watches a drained SQ for up to `time`, yielding the CPU to any runnable
-/// thread (the TCG vCPUs) between looks. Its CPU time counts as idle
-/// polling in the process's usage.
+/// thread (the TCG vCPUs) between looks. It looks at least once, even
+/// when its thread was preempted for all of `time`. Its CPU time counts
+/// as idle polling in the process's usage.
 fn watch(queue: &impl HeldQueue, time: Duration) -> Watched {
     p2plab_server::usage::idle_poll(|| {
         let start = Instant::now();
-        while start.elapsed() < time {
+        loop {
             if queue.stopped() {
                 return Watched::Stopped;
             }
             if queue.tail_moved() {
                 return Watched::Moved;
             }
+            if start.elapsed() >= time {
+                return Watched::Quiet;
+            }
             std::thread::yield_now();
         }
-        Watched::Quiet
     })
 }
 
@@ -706,6 +709,10 @@ mod hold_tests {
 
     const SHORT: Duration = Duration::from_micros(300);
     const LONG: Duration = Duration::from_secs(30);
+    /// A watch that must look more than once: long enough that a thread
+    /// on a loaded host (the unit tests run beside a build) is not
+    /// preempted for all of it.
+    const WATCHED: Duration = Duration::from_millis(20);
 
     /// Catches a hold that does nothing: a host that submits again while
     /// the worker watches must find its interrupt still held, batch after
@@ -741,8 +748,8 @@ mod hold_tests {
         // The first drained batch probes: it waits the whole hold.
         let idle = FakeQueue::io(None);
         let start = Instant::now();
-        assert!(!hold.more_coming(&idle, SHORT));
-        assert!(start.elapsed() >= SHORT);
+        assert!(!hold.more_coming(&idle, WATCHED));
+        assert!(start.elapsed() >= WATCHED);
         assert!(idle.take_looks() > 1);
         // The probe missed: the next HOLD_BACKOFF batches are signalled
         // at once, after one look.
@@ -758,7 +765,7 @@ mod hold_tests {
         let score = hold.score;
         assert_eq!(score, 1 + HOLD_HIT);
         for miss in 0..score {
-            assert!(!hold.more_coming(&idle, SHORT), "miss {miss}");
+            assert!(!hold.more_coming(&idle, WATCHED), "miss {miss}");
             assert!(idle.take_looks() > 1, "miss {miss} was not held");
         }
         assert!(!hold.more_coming(&idle, LONG));
@@ -819,8 +826,8 @@ mod hold_tests {
         }
         // Then one probe, which a host that does not submit loses.
         let start = Instant::now();
-        assert!(!poll.more_coming(&idle, SHORT, PAYS));
-        assert!(start.elapsed() >= SHORT && idle.take_looks() > 1);
+        assert!(!poll.more_coming(&idle, WATCHED, PAYS));
+        assert!(start.elapsed() >= WATCHED && idle.take_looks() > 1);
         assert!(!poll.more_coming(&idle, LONG, PAYS));
         assert_eq!(idle.take_looks(), 0, "back off after the probe");
         // A won probe keeps polling through as many misses as it scored.
@@ -828,7 +835,7 @@ mod hold_tests {
         assert!(poll.more_coming(&FakeQueue::io(Some(1)), LONG, PAYS));
         assert_eq!(poll.score, 1 + POLL_HIT);
         for miss in 0..(1 + POLL_HIT) {
-            assert!(!poll.more_coming(&idle, SHORT, PAYS), "miss {miss}");
+            assert!(!poll.more_coming(&idle, WATCHED, PAYS), "miss {miss}");
             assert!(idle.take_looks() > 1, "miss {miss} did not poll");
         }
         assert!(!poll.more_coming(&idle, LONG, PAYS));
