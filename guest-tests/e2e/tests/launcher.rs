@@ -14,8 +14,10 @@
 //! (`bad_options_are_refused_before_anything_starts`); a `--keep` lab
 //! that dies early or that `--stop` cannot end, a guest channel that
 //! reaches a device it was not asked for, or not the one it was
-//! (`keep_leaves_the_lab_up_until_stop`). Device faults are the device
-//! suites' job.
+//! (`keep_leaves_the_lab_up_until_stop`); a guest that hangs while
+//! booting and holds the run for its whole timeout
+//! (`a_guest_that_never_boots_fails_within_the_boot_budget`). Device
+//! faults are the device suites' job.
 
 mod common;
 
@@ -179,6 +181,57 @@ fn bad_options_are_refused_before_anything_starts() {
         let err = format!("{:#}", Lab::run(&options).unwrap_err());
         assert!(err.contains("--accel kvm: KVM is not usable here"), "{err}");
         assert!(err.contains(&why), "{err}");
+    }
+}
+
+/// Catches: a lab that waits out the whole run's timeout (15 minutes in
+/// these suites) for a guest that hangs before its command starts, and a
+/// hang report without the vCPUs' state or that leaves QEMU or a server
+/// running. QEMU started with `-S` never runs its vCPUs: the boot budget
+/// (10 s here) must end the run, with both vCPUs at the reset vector.
+#[test]
+fn a_guest_that_never_boots_fails_within_the_boot_budget() {
+    let mut options = LabOptions::new("lab", Mode::Exec("true".into()));
+    options.qemu_args = vec!["-S".into()];
+    options.boot_timeout = Some(Timeout::Exactly(std::time::Duration::from_secs(10)));
+    options.timeout = Some(Timeout::TcgBudget(common::BOOT_TIMEOUT));
+    options.stream_output = false;
+    options.state = Some(common::test_state_dir("launcher-hang"));
+    let started = std::time::Instant::now();
+    let err = format!("{:#}", Lab::run(&options).unwrap_err());
+    let took = started.elapsed();
+    // The budget plus the lab's start and stop (seconds), far below the
+    // run's timeout.
+    assert!(
+        took < std::time::Duration::from_secs(120),
+        "{took:?}: {err}"
+    );
+    assert!(
+        err.contains("did not start its command within 10s"),
+        "{err}"
+    );
+    assert!(
+        err.contains("#0 RIP=0000fff0 (CPL 0, interrupts off)") && err.contains("#1 RIP=0000fff0"),
+        "{err}"
+    );
+    let dump = err
+        .split("(all registers in ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no dump path in: {err}"));
+    let dump = std::path::Path::new(dump);
+    let text = std::fs::read_to_string(dump).unwrap();
+    assert_eq!(text.matches("CPU#").count(), 2, "{text}");
+    assert!(text.contains("VM status: paused"), "{text}");
+    let run = dump.parent().unwrap().to_string_lossy().into_owned();
+    for proc_entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(proc_entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !cmdline.contains(&*run),
+            "process left behind: {}",
+            cmdline.replace('\0', " ")
+        );
     }
 }
 

@@ -85,6 +85,11 @@ pub struct ExecTracker {
 }
 
 impl ExecTracker {
+    /// Whether the command has begun (its opening marker was seen).
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
     pub fn classify(&mut self, line: &str) -> ExecLine {
         // The serial line may carry stray characters before a marker when
         // the kernel interleaves its own output; match anywhere in the line.

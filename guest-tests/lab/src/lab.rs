@@ -51,6 +51,18 @@ const RESERVED_GUEST_FILES: &[&str] = &[
     "exit-status",
 ];
 
+/// How long a guest may take from QEMU's start to its command's first
+/// line, as a TCG budget ([`LabOptions::boot_timeout`] overrides it). A
+/// boot takes 4 to 10 s under TCG on a 2-core machine and under a minute
+/// at ten times its load, so this fails a guest that hung in its kernel
+/// (seen once: both vCPUs spinning with interrupts off before `/init`,
+/// silent) in minutes, not after the whole run's timeout.
+pub const BOOT_BUDGET: Duration = Duration::from_secs(180);
+
+/// The file of the run folder that gets the vCPUs' state when a guest
+/// timed out.
+pub const VCPU_DUMP: &str = "vcpus-at-timeout.txt";
+
 /// Exit status of the launcher when the lab itself failed (not the guest
 /// command): the same convention as `docker run`.
 pub const LAB_FAILURE: i32 = 125;
@@ -158,6 +170,9 @@ pub struct LabOptions {
     /// Give up on an exec run (or, kept without a command, on the boot)
     /// after this long.
     pub timeout: Option<Timeout>,
+    /// Give up on a guest that has not started its command after this
+    /// long; `None`: [`BOOT_BUDGET`] under TCG, scaled.
+    pub boot_timeout: Option<Timeout>,
     /// The accelerator (`--accel`); `None`: `P2PLAB_ACCEL`, else auto.
     pub accel: Option<AccelRequest>,
     /// Passed to the device servers as `--log-level`.
@@ -194,6 +209,7 @@ impl LabOptions {
             kernel: None,
             append: Vec::new(),
             timeout: None,
+            boot_timeout: None,
             accel: None,
             log_level: None,
             server_args: Vec::new(),
@@ -353,6 +369,63 @@ fn wait_for_socket(server: &mut LabProcess, socket: &Path, stderr_log: &Path) ->
 }
 
 /// The last `lines` lines of a file, for error messages.
+/// One line of what each vCPU was doing, from QEMU's `info registers -a`:
+/// its instruction pointer, privilege level, whether interrupts were on
+/// (RFLAGS.IF) and whether it was halted.
+pub fn vcpu_summary(registers: &str) -> String {
+    let mut cpus = Vec::new();
+    let mut current: Option<(String, String, String, String)> = None;
+    let field = |line: &str, name: &str| {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    for line in registers.lines() {
+        if let Some(rest) = line.strip_prefix("CPU#") {
+            cpus.extend(current.take());
+            current = Some((
+                rest.trim().to_owned(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ));
+        }
+        let Some((_, rip, flags, halted)) = current.as_mut() else {
+            continue;
+        };
+        // RIP/RFL in long mode, EIP/EFL before it.
+        if let Some(value) = field(line, "RIP=").or_else(|| field(line, "EIP=")) {
+            *rip = value;
+        }
+        if let Some(value) = field(line, "RFL=").or_else(|| field(line, "EFL=")) {
+            let interrupts = u64::from_str_radix(&value, 16).map_or("?", |rfl| {
+                if rfl & (1 << 9) != 0 {
+                    "on"
+                } else {
+                    "off"
+                }
+            });
+            let cpl = field(line, "CPL=").unwrap_or_default();
+            *flags = format!("CPL {cpl}, interrupts {interrupts}");
+            *halted = field(line, "HLT=").map_or(String::new(), |h| {
+                if h == "1" {
+                    ", halted".to_owned()
+                } else {
+                    String::new()
+                }
+            });
+        }
+    }
+    cpus.extend(current);
+    if cpus.is_empty() {
+        return "no CPU in QEMU's answer".to_owned();
+    }
+    cpus.iter()
+        .map(|(cpu, rip, flags, halted)| format!("#{cpu} RIP={rip} ({flags}{halted})"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
@@ -718,6 +791,11 @@ impl Lab {
         let mut tracker = ExecTracker::default();
         let timeout = options.timeout.map(|t| t.under(self.accel.accel));
         let deadline = timeout.map(|t| Instant::now() + t);
+        let boot_timeout = options
+            .boot_timeout
+            .unwrap_or(Timeout::TcgBudget(BOOT_BUDGET))
+            .under(self.accel.accel);
+        let boot_deadline = Instant::now() + boot_timeout;
         let stdout = std::io::stdout();
         loop {
             for line in follower.poll_lines() {
@@ -778,18 +856,57 @@ impl Lab {
                 }
                 return Ok(());
             }
+            if !tracker.started() && Instant::now() > boot_deadline {
+                bail!(
+                    "the guest did not start its command within {boot_timeout:?} ({}): it hung \
+                     while booting; {}; console tail:\n{}",
+                    self.accel.accel,
+                    self.save_vcpu_state(),
+                    tail(&console_log, 30)
+                );
+            }
             if let Some(deadline) = deadline {
                 if Instant::now() > deadline {
                     bail!(
-                        "the guest did not finish within {:?} ({}); console tail:\n{}",
+                        "the guest did not finish within {:?} ({}); {}; console tail:\n{}",
                         timeout.unwrap_or_default(),
                         self.accel.accel,
+                        self.save_vcpu_state(),
                         tail(&console_log, 30)
                     );
                 }
             }
             check_interrupted()?;
             sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Saves what the vCPUs are doing to [`VCPU_DUMP`] in the run folder
+    /// (QEMU's `info registers -a`, through QMP) and says where, with each
+    /// vCPU's instruction pointer, for a guest that stopped making
+    /// progress. A dump that cannot be taken is said too.
+    fn save_vcpu_state(&self) -> String {
+        let path = self.run_dir.join(VCPU_DUMP);
+        let dump = (|| -> Result<String> {
+            let mut qmp = self.qmp()?;
+            let mut text = String::new();
+            for command in ["info status", "info registers -a"] {
+                let reply = qmp.execute(
+                    "human-monitor-command",
+                    Some(serde_json::json!({ "command-line": command })),
+                )?;
+                text.push_str(&format!("# {command}\n{}\n", reply.as_str().unwrap_or("")));
+            }
+            std::fs::write(&path, &text)?;
+            Ok(text)
+        })();
+        match dump {
+            Ok(text) => format!(
+                "vCPUs: {} (all registers in {})",
+                vcpu_summary(&text),
+                path.display()
+            ),
+            Err(e) => format!("the vCPUs' state could not be read: {e:#}"),
         }
     }
 
@@ -1160,6 +1277,35 @@ fn shell_words(command: &Command) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches a hang report that names the wrong vCPU state: interrupts
+    /// read from the wrong RFLAGS bit, a halted vCPU shown as running, a
+    /// vCPU dropped, or real-mode registers (EIP/EFL) not read at all.
+    #[test]
+    fn the_vcpu_summary_reads_qemus_register_dump() {
+        let dump = "\
+# info registers -a
+
+CPU#0
+RAX=0000000000000000 RBX=ffffffff83a0c940 RCX=0000000000000001
+RIP=ffffffff811c4e52 RFL=00000046 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=0
+ES =0000 0000000000000000 00000000 00000000
+CR0=80050033 CR2=0000000000000000 CR3=000000000361c000 CR4=00350ef0
+
+CPU#1
+RIP=ffffffff81f3b1c5 RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=1
+
+CPU#2
+EIP=0000fff0 EFL=00000002 [-------] CPL=0 II=0 A20=1 SMM=0 HLT=0
+";
+        assert_eq!(
+            vcpu_summary(dump),
+            "#0 RIP=ffffffff811c4e52 (CPL 0, interrupts off); \
+             #1 RIP=ffffffff81f3b1c5 (CPL 0, interrupts on, halted); \
+             #2 RIP=0000fff0 (CPL 0, interrupts off)"
+        );
+        assert_eq!(vcpu_summary("Error: no vCPU"), "no CPU in QEMU's answer");
+    }
 
     fn topology(ids: &[&str]) -> Topology {
         Topology {

@@ -56,6 +56,13 @@ struct Cli {
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     timeout: Option<Duration>,
 
+    /// Give up on --exec when the guest has not started the command this
+    /// many seconds after QEMU did: it hung while booting (exit status
+    /// 125; the vCPUs' registers go to the run folder). Default: 180 under
+    /// TCG, 90 under KVM; raise it for a kernel that boots slowly.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    boot_timeout: Option<Duration>,
+
     /// Accelerator: `kvm` (an error where /dev/kvm cannot run a vCPU),
     /// `tcg`, or `auto` (KVM when a probe vCPU runs, else TCG with one line
     /// saying why). Default: $P2PLAB_ACCEL, else auto.
@@ -257,6 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     options.kernel = cli.kernel;
     options.append = cli.append;
     options.timeout = cli.timeout.map(Timeout::Exactly);
+    options.boot_timeout = cli.boot_timeout.map(Timeout::Exactly);
     options.accel = cli.accel;
     options.log_level = cli.log_level;
     if let Some(mode) = &cli.peer_path {
