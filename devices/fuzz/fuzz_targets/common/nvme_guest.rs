@@ -9,7 +9,7 @@
 // Each target uses its part of this module.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use p2plab_dma::testing::FakeGuestMemory;
@@ -44,11 +44,41 @@ pub enum Runner {
     Threads,
 }
 
-struct NoInterrupts;
-
-impl Interrupts for NoInterrupts {
-    fn notify(&self, _vector: u16) {}
+/// The interrupts the controller sends, counted, so that a host waiting
+/// for a worker's completion sleeps until one comes. A host that spun
+/// with `yield_now` gave its core away to every other runnable process
+/// (a campaign beside it) at each look.
+#[derive(Default)]
+struct CountedInterrupts {
+    sent: Mutex<u64>,
+    rang: Condvar,
 }
+
+impl CountedInterrupts {
+    fn sent(&self) -> u64 {
+        *self.sent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sleeps until an interrupt after the `seen`-th, or for `time`.
+    fn wait_after(&self, seen: u64, time: Duration) {
+        let sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
+            .rang
+            .wait_timeout_while(sent, time, |sent| *sent == seen)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+impl Interrupts for CountedInterrupts {
+    fn notify(&self, _vector: u16) {
+        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.rang.notify_all();
+    }
+}
+
+/// How long a host waiting for a completion sleeps between looks at its
+/// CQ when no interrupt comes (a CQ without interrupts, a held one).
+const LOOK: Duration = Duration::from_micros(100);
 
 struct Queue {
     sq: u64,
@@ -61,6 +91,7 @@ struct Queue {
 pub struct Guest {
     pub ctrl: NvmeController,
     pub ram: Arc<FakeGuestMemory>,
+    irq: Arc<CountedInterrupts>,
     runner: Runner,
     queues: [Queue; 2],
 }
@@ -83,13 +114,20 @@ impl Guest {
         };
         let cmb: Arc<dyn RegionMemory> = Arc::new(HeapRegion::new(CMB_SIZE as usize));
         let memory = ram.clone() as Arc<dyn GuestMemory>;
-        let irq = Arc::new(NoInterrupts);
+        let irq = Arc::new(CountedInterrupts::default());
+        let controller_irq = Arc::clone(&irq) as Arc<dyn Interrupts>;
         // A configuration the target got wrong must not pass silently.
         let ctrl = match runner {
-            Runner::Caller => {
-                NvmeController::with_queues_on_caller(cfg, vec![ns], memory, Some(cmb), irq)
+            Runner::Caller => NvmeController::with_queues_on_caller(
+                cfg,
+                vec![ns],
+                memory,
+                Some(cmb),
+                controller_irq,
+            ),
+            Runner::Threads => {
+                NvmeController::new(cfg, vec![ns], memory, Some(cmb), controller_irq)
             }
-            Runner::Threads => NvmeController::new(cfg, vec![ns], memory, Some(cmb), irq),
         }
         .expect("the fuzzed controller's configuration is valid");
         ctrl.set_cmb_bar_address(Some(CMB_BAR));
@@ -103,6 +141,7 @@ impl Guest {
         Some(Self {
             ctrl,
             ram,
+            irq,
             runner,
             queues: [queue(ASQ, ACQ), queue(IO_SQ, IO_CQ)],
         })
@@ -159,6 +198,8 @@ impl Guest {
         self.settle();
         let deadline = Instant::now() + WAIT;
         loop {
+            // Counted before the look: an interrupt after it ends the sleep.
+            let seen = self.irq.sent();
             let queue = &mut self.queues[q];
             let mut e = [0u8; 16];
             self.ram
@@ -182,7 +223,7 @@ impl Guest {
             {
                 return None;
             }
-            std::thread::yield_now();
+            self.irq.wait_after(seen, LOOK);
         }
     }
 
