@@ -76,6 +76,14 @@ impl Interrupts for CountedInterrupts {
     }
 }
 
+/// Resets one input may do. Each starts and stops the controller's queue
+/// workers (threads, with `Runner::Threads`), and a one-byte operation is
+/// the cheapest thing for a mutator to repeat: in a grown `nvme_workers`
+/// corpus a third of the inputs held from 9 to 236 resets, 98% of all,
+/// and the target ran 38 worker threads per input on average. The first
+/// few resets of an input reach every state a reset can meet.
+const MAX_RESETS: u32 = 8;
+
 /// How long a host waiting for a completion sleeps between looks at its
 /// CQ when no interrupt comes (a CQ without interrupts, a held one).
 const LOOK: Duration = Duration::from_micros(100);
@@ -301,11 +309,20 @@ pub fn steer(raw: &mut [u8; 64], into_cmb: bool) {
 /// - 5: reset and enable again (Linux's recovery after CFS);
 /// - 6: a trapped CMB write (2 bytes of offset, a dword);
 /// - 7: a function reset.
+///
+/// Resets (5 and 7) past the [`MAX_RESETS`]th of an input do nothing.
 pub fn drive(guest: &mut Guest, data: &[u8]) {
     guest.enable();
     let mut rest = data;
+    let mut resets = 0;
     while let Some((&op, tail)) = rest.split_first() {
         rest = tail;
+        if matches!(op & 0x7, 5 | 7) {
+            resets += 1;
+            if resets > MAX_RESETS {
+                continue;
+            }
+        }
         match op & 0x7 {
             0 | 1 => {
                 let Some(bytes) = rest.get(..64) else { break };
