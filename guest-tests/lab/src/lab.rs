@@ -932,7 +932,8 @@ impl Lab {
             check_interrupted()?;
             if Instant::now() > deadline {
                 bail!(
-                    "the guest did not come up; console tail:\n{}",
+                    "the guest did not come up; {}; console tail:\n{}",
+                    self.save_vcpu_state(),
                     tail(&console_log, 30)
                 );
             }
