@@ -368,64 +368,69 @@ fn wait_for_socket(server: &mut LabProcess, socket: &Path, stderr_log: &Path) ->
     }
 }
 
-/// The last `lines` lines of a file, for error messages.
 /// One line of what each vCPU was doing, from QEMU's `info registers -a`:
 /// its instruction pointer, privilege level, whether interrupts were on
 /// (RFLAGS.IF) and whether it was halted.
 pub fn vcpu_summary(registers: &str) -> String {
-    let mut cpus = Vec::new();
-    let mut current: Option<(String, String, String, String)> = None;
+    #[derive(Default)]
+    struct Vcpu {
+        index: String,
+        ip: String,
+        cpl: String,
+        interrupts: &'static str,
+        halted: bool,
+    }
     let field = |line: &str, name: &str| {
         line.split_whitespace()
             .find_map(|word| word.strip_prefix(name))
             .map(str::to_owned)
     };
+    let mut vcpus: Vec<Vcpu> = Vec::new();
     for line in registers.lines() {
-        if let Some(rest) = line.strip_prefix("CPU#") {
-            cpus.extend(current.take());
-            current = Some((
-                rest.trim().to_owned(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ));
+        if let Some(index) = line.strip_prefix("CPU#") {
+            vcpus.push(Vcpu {
+                index: index.trim().to_owned(),
+                interrupts: "?",
+                ..Vcpu::default()
+            });
         }
-        let Some((_, rip, flags, halted)) = current.as_mut() else {
+        let Some(vcpu) = vcpus.last_mut() else {
             continue;
         };
         // RIP/RFL in long mode, EIP/EFL before it.
-        if let Some(value) = field(line, "RIP=").or_else(|| field(line, "EIP=")) {
-            *rip = value;
+        if let Some(ip) = field(line, "RIP=").or_else(|| field(line, "EIP=")) {
+            vcpu.ip = ip;
         }
-        if let Some(value) = field(line, "RFL=").or_else(|| field(line, "EFL=")) {
-            let interrupts = u64::from_str_radix(&value, 16).map_or("?", |rfl| {
-                if rfl & (1 << 9) != 0 {
-                    "on"
-                } else {
-                    "off"
-                }
-            });
-            let cpl = field(line, "CPL=").unwrap_or_default();
-            *flags = format!("CPL {cpl}, interrupts {interrupts}");
-            *halted = field(line, "HLT=").map_or(String::new(), |h| {
-                if h == "1" {
-                    ", halted".to_owned()
-                } else {
-                    String::new()
-                }
-            });
+        if let Some(flags) = field(line, "RFL=").or_else(|| field(line, "EFL=")) {
+            vcpu.interrupts = match u64::from_str_radix(&flags, 16) {
+                Ok(flags) if flags & (1 << 9) != 0 => "on",
+                Ok(_) => "off",
+                Err(_) => "?",
+            };
+            vcpu.cpl = field(line, "CPL=").unwrap_or_default();
+            vcpu.halted = field(line, "HLT=").as_deref() == Some("1");
         }
     }
-    cpus.extend(current);
-    if cpus.is_empty() {
+    if vcpus.is_empty() {
         return "no CPU in QEMU's answer".to_owned();
     }
-    cpus.iter()
-        .map(|(cpu, rip, flags, halted)| format!("#{cpu} RIP={rip} ({flags}{halted})"))
+    vcpus
+        .iter()
+        .map(|v| {
+            format!(
+                "#{} RIP={} (CPL {}, interrupts {}{})",
+                v.index,
+                v.ip,
+                v.cpl,
+                v.interrupts,
+                if v.halted { ", halted" } else { "" }
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }
 
+/// The last `lines` lines of a file, for error messages.
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
