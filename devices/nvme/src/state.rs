@@ -181,6 +181,11 @@ pub(crate) struct ControllerState {
     /// Workers of queues a reset removed, until someone joins them
     /// ([`join_stopped_workers`](Self::join_stopped_workers)).
     stopped_workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Threads flushing the namespaces for a shutdown notification, until
+    /// a function reset or the controller's end joins them
+    /// ([`join_shutdown_flushes`](Self::join_shutdown_flushes)): no flush
+    /// outlives its controller.
+    shutdown_flushes: Mutex<Vec<JoinHandle<()>>>,
     /// The decoded trace (off unless switched on).
     /// Shared with the DMA router, which records `peer-fail`/`peer-stall`.
     pub trace: Arc<p2plab_trace::Tracer>,
@@ -229,6 +234,7 @@ impl ControllerState {
             cfg,
             runner,
             stopped_workers: Mutex::new(Vec::new()),
+            shutdown_flushes: Mutex::new(Vec::new()),
             trace,
         }
     }
@@ -531,6 +537,31 @@ impl ControllerState {
                 break;
             }
             thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Keeps the thread of a shutdown flush until it is joined; joins
+    /// the ones that already ended.
+    pub fn track_shutdown_flush(&self, handle: JoinHandle<()>) {
+        let mut flushes = crate::lock(&self.shutdown_flushes);
+        let (ended, running) = std::mem::take(&mut *flushes)
+            .into_iter()
+            .partition::<Vec<_>, _>(|h| h.is_finished());
+        *flushes = running;
+        flushes.push(handle);
+        drop(flushes);
+        for handle in ended {
+            let _ = handle.join();
+        }
+    }
+
+    /// Waits for every shutdown flush still running. Never with `regs`
+    /// held: a flush takes it to report completion.
+    pub fn join_shutdown_flushes(&self) {
+        let handles = std::mem::take(&mut *crate::lock(&self.shutdown_flushes));
+        for handle in handles {
+            // A panic in a flush has nothing left to report.
+            let _ = handle.join();
         }
     }
 

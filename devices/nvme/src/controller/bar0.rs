@@ -375,24 +375,27 @@ fn enable(state: &Arc<ControllerState>, regs: &mut Regs) {
 fn start_shutdown(state: &Arc<ControllerState>, regs: &mut Regs) {
     regs.shst = Shst::Occurring;
     info!("shutdown notification: flushing namespaces");
-    let state = Arc::clone(state);
+    let flushing = Arc::clone(state);
     let spawned = thread::Builder::new()
         .name("nvme-shutdown".into())
         .spawn(move || {
-            for ns in &state.namespaces {
+            for ns in &flushing.namespaces {
                 if let Err(e) = ns.flush() {
                     warn!(nsid = ns.nsid(), ?e, "flush at shutdown failed");
                 }
             }
-            let mut regs = crate::lock(&state.regs);
+            let mut regs = crate::lock(&flushing.regs);
             if regs.shst == Shst::Occurring {
                 regs.shst = Shst::Complete;
-                state.stats.shutdowns.fetch_add(1, Ordering::Relaxed);
+                flushing.stats.shutdowns.fetch_add(1, Ordering::Relaxed);
                 info!("shutdown complete");
             }
         });
-    if let Err(e) = spawned {
-        warn!(%e, "cannot start the shutdown thread; reporting complete without flushing");
-        regs.shst = Shst::Complete;
+    match spawned {
+        Ok(handle) => state.track_shutdown_flush(handle),
+        Err(e) => {
+            warn!(%e, "cannot start the shutdown thread; reporting complete without flushing");
+            regs.shst = Shst::Complete;
+        }
     }
 }

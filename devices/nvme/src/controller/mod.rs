@@ -57,6 +57,7 @@ impl Drop for NvmeController {
         self.state.stop_queues(&mut regs);
         drop(regs);
         self.state.join_stopped_workers();
+        self.state.join_shutdown_flushes();
     }
 }
 
@@ -250,6 +251,7 @@ impl NvmeController {
             state.mem.set_pmr_window(None);
         }
         state.join_stopped_workers();
+        state.join_shutdown_flushes();
         state.fatal.store(false, Ordering::Release);
         state.power_cycles.fetch_add(1, Ordering::Relaxed);
     }
